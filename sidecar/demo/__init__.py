@@ -1,0 +1,1 @@
+"""`retrieval-gate demo`: Envoy + gate + a fixture upstream, on embedded defaults."""

@@ -1,0 +1,97 @@
+"""A FAKE vector database: an HTTP server that answers with canned bodies.
+
+Used by `retrieval-gate demo` and by the integration tests as the fixture
+upstream behind Envoy. It stands in for Qdrant (whose server cannot be
+installed on the build machines); it does no search, it replays whatever
+body was registered for a method and path, and records every request it saw
+so tests can check what reached the "database".
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass(frozen=True)
+class CannedResponse:
+    body: bytes
+    status: int = 200
+    headers: Mapping[str, str] = field(default_factory=lambda: {"content-type": "application/json"})
+
+
+@dataclass(frozen=True)
+class SeenRequest:
+    method: str
+    path: str
+    headers: Mapping[str, str]  # lowercase names
+    body: bytes
+
+
+_NOT_FOUND = CannedResponse(b'{"status":{"error":"Not found"},"time":0.0}', status=404)
+
+
+class FixtureUpstream:
+    """Serves canned responses on 127.0.0.1; start() before use, stop() after."""
+
+    def __init__(self) -> None:
+        self._responses: dict[tuple[str, str], CannedResponse] = {}
+        self._lock = threading.Lock()
+        self.requests: list[SeenRequest] = []
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def respond(self, method: str, path: str, response: CannedResponse) -> None:
+        """Answer ``method path`` (path without query string) with ``response`` from now on."""
+        with self._lock:
+            self._responses[(method.upper(), path)] = response
+
+    def start(self) -> FixtureUpstream:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _lookup(self, method: str, path: str) -> CannedResponse:
+        with self._lock:
+            return self._responses.get((method, path.split("?", 1)[0]), _NOT_FOUND)
+
+    def _record(self, request: SeenRequest) -> None:
+        with self._lock:
+            self.requests.append(request)
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _serve(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length) if length else b""
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                upstream._record(SeenRequest(self.command, self.path, headers, body))
+                canned = upstream._lookup(self.command, self.path)
+                self.send_response(canned.status)
+                for name, value in canned.headers.items():
+                    self.send_header(name, value)
+                self.send_header("content-length", str(len(canned.body)))
+                self.end_headers()
+                self.wfile.write(canned.body)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _serve
+
+            def log_message(self, format: str, *args: object) -> None:
+                return None
+
+        return Handler

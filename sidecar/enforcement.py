@@ -1,0 +1,220 @@
+"""The response path, protocol-free: body in, filtered body (or an error) out.
+
+Ties the pieces together for one response: the format adapter parses the
+body, the cached store looks every chunk up in one batch, the gate decides,
+the mode (enforce, strict, audit) decides what the client gets, and metrics
+and the audit record are written before the answer leaves. Any failure ends
+in an error answer, never in the unfiltered body (except in audit mode, whose
+whole point is to pass bodies through).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import orjson
+
+from sidecar.audit import AuditError, AuditSink
+from sidecar.config import Mode
+from sidecar.formats import MalformedBody, ResponseFormat, Route, detect
+from sidecar.gate import Gate, Verdict
+from sidecar.identity import Caller
+from sidecar.metadata.cache import CachedStore
+from sidecar.metrics import ADMITTED_REASON, GateMetrics
+
+log = logging.getLogger(__name__)
+
+
+class Outcome:
+    FILTERED = "filtered"
+    ABSTAINED = "abstained"  # every candidate rejected: a valid, empty answer
+    BLOCKED = "blocked"  # strict mode refused the whole response
+    PASSTHROUGH = "passthrough"  # not inspected, or audit mode
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class FilterResult:
+    """What to send the client instead of the upstream body.
+
+    ``body`` is the replacement body for a 200 (None: pass the upstream body
+    unchanged). For any other ``status`` the client gets that status and
+    ``body`` (a small JSON error) instead of the upstream response.
+    """
+
+    outcome: str
+    status: int
+    body: bytes | None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _error_body(code: str, decision_id: str | None = None) -> bytes:
+    document: dict[str, str] = {"error": code}
+    if decision_id is not None:
+        document["decision_id"] = decision_id
+    return orjson.dumps(document)
+
+
+class ResponseFilter:
+    """Decides search responses for one sidecar process."""
+
+    def __init__(
+        self,
+        *,
+        formats: Sequence[ResponseFormat],
+        store: CachedStore,
+        gate: Gate,
+        audit: AuditSink,
+        metrics: GateMetrics,
+        mode_for: Callable[[str], Mode],
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._formats = formats
+        self._store = store
+        self._gate = gate
+        self._audit = audit
+        self._metrics = metrics
+        self._mode_for = mode_for
+        self._clock = clock
+
+    def format_for(self, route: Route) -> ResponseFormat | None:
+        """The format whose responses on ``route`` must be filtered, or None to pass them."""
+        return detect(route, self._formats)
+
+    def count_passthrough(self, format_name: str) -> None:
+        """Count a response on a route the gate does not inspect (or an upstream error)."""
+        self._metrics.responses.labels(Outcome.PASSTHROUGH, format_name).inc()
+
+    def reject_unreadable(self, fmt: ResponseFormat, route: Route, why: str) -> FilterResult:
+        """Answer for a search response the gate cannot read (e.g. compressed): 502."""
+        mode = self._mode_for(route.path)
+        log.warning("unreadable %s response on a search route: %s", fmt.name, why)
+        if mode is Mode.AUDIT:
+            self._metrics.responses.labels(Outcome.PASSTHROUGH, fmt.name).inc()
+            return FilterResult(Outcome.PASSTHROUGH, 200, None)
+        self._metrics.responses.labels(Outcome.ERROR, fmt.name).inc()
+        return FilterResult(Outcome.ERROR, 502, _error_body("upstream_body_unreadable"))
+
+    async def filter(
+        self,
+        fmt: ResponseFormat,
+        route: Route,
+        caller: Caller,
+        request_id: str,
+        body: bytes,
+    ) -> FilterResult:
+        """Decide one successful search response body."""
+        started = time.perf_counter()
+        mode = self._mode_for(route.path)
+        decision_id = uuid.uuid4().hex
+        try:
+            parsed = fmt.parse(body, route)
+        except MalformedBody as exc:
+            log.warning("malformed %s body on %s: %s", fmt.name, route.path, exc)
+            self._write_audit(
+                self._record(decision_id, request_id, caller, fmt, mode, None, started)
+                | {"outcome": Outcome.ERROR, "error": "upstream_body_malformed"}
+            )
+            if mode is Mode.AUDIT:
+                self._metrics.responses.labels(Outcome.PASSTHROUGH, fmt.name).inc()
+                return FilterResult(Outcome.PASSTHROUGH, 200, None)
+            self._metrics.responses.labels(Outcome.ERROR, fmt.name).inc()
+            return FilterResult(
+                Outcome.ERROR, 502, _error_body("upstream_body_malformed", decision_id)
+            )
+
+        candidates = parsed.candidates
+        ids = {c.chunk_id for c in candidates if c.chunk_id is not None and c.text is not None}
+        lookup = await self._store.fetch_partial(ids)
+        verdict = self._gate.decide(
+            caller, candidates, lookup.records, lookup.unavailable, self._clock()
+        )
+        if verdict.policy_failed:
+            self._metrics.policy_errors.inc()
+
+        outcome, status, new_body = self._apply_mode(mode, verdict, parsed.render)
+        headers = {
+            "x-retrieval-gate-decision-id": decision_id,
+            "x-retrieval-gate-admitted": str(verdict.admitted_count),
+            "x-retrieval-gate-rejected": str(verdict.rejected_count),
+        }
+        record = self._record(decision_id, request_id, caller, fmt, mode, verdict, started)
+        try:
+            self._write_audit(record | {"outcome": outcome})
+        except AuditError:
+            # A decision that cannot be recorded is not released.
+            self._metrics.responses.labels(Outcome.ERROR, fmt.name).inc()
+            return FilterResult(Outcome.ERROR, 500, _error_body("audit_unavailable"))
+
+        for decision in verdict.decisions:
+            self._metrics.chunks.labels(
+                "admitted" if decision.admitted else "rejected",
+                decision.primary or ADMITTED_REASON,
+                fmt.name,
+            ).inc()
+        self._metrics.responses.labels(outcome, fmt.name).inc()
+        self._metrics.decision_seconds.observe(time.perf_counter() - started)
+        if status != 200:
+            return FilterResult(
+                outcome, status, _error_body("rejected_chunks", decision_id), headers
+            )
+        return FilterResult(outcome, 200, new_body, headers)
+
+    @staticmethod
+    def _apply_mode(
+        mode: Mode, verdict: Verdict, render: Callable[[frozenset[int]], bytes]
+    ) -> tuple[str, int, bytes | None]:
+        if mode is Mode.AUDIT:
+            return Outcome.PASSTHROUGH, 200, None
+        if verdict.rejected_count == 0:
+            return Outcome.FILTERED, 200, None
+        if mode is Mode.STRICT:
+            return Outcome.BLOCKED, 403, None
+        outcome = Outcome.ABSTAINED if verdict.admitted_count == 0 else Outcome.FILTERED
+        return outcome, 200, render(verdict.admitted_positions)
+
+    def _record(
+        self,
+        decision_id: str,
+        request_id: str,
+        caller: Caller,
+        fmt: ResponseFormat,
+        mode: Mode,
+        verdict: Verdict | None,
+        started: float,
+    ) -> dict[str, object]:
+        record: dict[str, object] = {
+            "decision_id": decision_id,
+            "request_id": request_id,
+            "time": datetime.now(UTC).isoformat(timespec="microseconds"),
+            "tenant": caller.tenant,
+            "principals_sha256": caller.principals_digest(),
+            "format": fmt.name,
+            "mode": mode.value,
+        }
+        if verdict is not None:
+            record["policy_version"] = verdict.policy_version
+            record["candidates"] = [d.chunk_id for d in verdict.decisions]
+            record["rejected"] = [
+                {"position": d.position, "chunk_id": d.chunk_id, "reasons": list(d.reasons)}
+                | ({"detail": d.detail} if d.detail else {})
+                for d in verdict.decisions
+                if not d.admitted
+            ]
+            record["admitted"] = [d.chunk_id for d in verdict.decisions if d.admitted]
+        record["latency_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        return record
+
+    def _write_audit(self, record: dict[str, object]) -> None:
+        try:
+            self._audit.write(record)
+        except AuditError:
+            self._metrics.audit_errors.inc()
+            log.error("audit record %s could not be written", record["decision_id"])
+            raise
+        self._metrics.audit_records.inc()

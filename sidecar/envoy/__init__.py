@@ -1,0 +1,1 @@
+"""Envoy-facing code: gRPC servicers (protocol only), bootstrap config, process supervision."""

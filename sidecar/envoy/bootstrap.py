@@ -1,0 +1,207 @@
+"""The Envoy configuration that `retrieval-gate proxy` runs.
+
+Also the reference for operators who bring their own Envoy: the filter chain
+(ext_authz, then ext_proc, then the router) and every fail-closed setting here
+are what a mesh configuration must reproduce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from sidecar.config import Settings
+
+_TYPE = "type.googleapis.com/"
+SIDECAR_CLUSTER = "retrieval_gate_sidecar"
+UPSTREAM_CLUSTER = "vector_db"
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    host: str
+    port: int
+    tls: bool
+
+    @classmethod
+    def parse(cls, url: str) -> Upstream:
+        """Parse ``http://host:port`` or ``https://host[:port]``."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"upstream must be http://host:port or https://host:port, got {url!r}")
+        if parts.path not in ("", "/"):
+            raise ValueError(f"upstream must not have a path, got {url!r}")
+        tls = parts.scheme == "https"
+        return cls(parts.hostname, parts.port or (443 if tls else 80), tls)
+
+
+def _address(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _sidecar_address(grpc_listen: str) -> dict[str, Any]:
+    if grpc_listen.startswith("unix:"):
+        return {"pipe": {"path": grpc_listen.removeprefix("unix:")}}
+    host, _, port = grpc_listen.rpartition(":")
+    return _address(host.strip("[]"), int(port))
+
+
+def _seconds(ms: int) -> str:
+    return f"{ms / 1000:.3f}s"
+
+
+def _http_filters(settings: Settings) -> list[dict[str, Any]]:
+    grpc_service = {
+        "envoy_grpc": {"cluster_name": SIDECAR_CLUSTER},
+        "timeout": _seconds(settings.message_timeout_ms),
+    }
+    return [
+        {
+            "name": "envoy.filters.http.ext_authz",
+            "typed_config": {
+                "@type": _TYPE + "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz",
+                "transport_api_version": "V3",
+                "grpc_service": grpc_service,
+                # Sidecar down or slow: refuse the request (503), never let it through.
+                "failure_mode_allow": False,
+                "status_on_error": {"code": "ServiceUnavailable"},
+            },
+        },
+        {
+            "name": "envoy.filters.http.ext_proc",
+            "typed_config": {
+                "@type": _TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+                "grpc_service": grpc_service,
+                # Stream failure -> 500; true would hand the client the unfiltered body.
+                "failure_mode_allow": False,
+                "message_timeout": _seconds(settings.message_timeout_ms),
+                "allow_mode_override": True,
+                "processing_mode": {
+                    "request_header_mode": "SEND",
+                    "response_header_mode": "SEND",
+                    "request_body_mode": "NONE",
+                    "response_body_mode": "BUFFERED",
+                    "request_trailer_mode": "SKIP",
+                    "response_trailer_mode": "SKIP",
+                },
+                # The caller identity set by ext_authz reaches ext_proc this way only.
+                "metadata_options": {
+                    "forwarding_namespaces": {"untyped": ["envoy.filters.http.ext_authz"]}
+                },
+            },
+        },
+        {
+            "name": "envoy.filters.http.router",
+            "typed_config": {"@type": _TYPE + "envoy.extensions.filters.http.router.v3.Router"},
+        },
+    ]
+
+
+def _upstream_cluster(upstream: Upstream) -> dict[str, Any]:
+    cluster: dict[str, Any] = {
+        "name": UPSTREAM_CLUSTER,
+        "type": "STRICT_DNS",
+        "connect_timeout": "5s",
+        "load_assignment": {
+            "cluster_name": UPSTREAM_CLUSTER,
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {"endpoint": {"address": _address(upstream.host, upstream.port)}}
+                    ]
+                }
+            ],
+        },
+    }
+    if upstream.tls:
+        cluster["transport_socket"] = {
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": _TYPE + "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": upstream.host,
+            },
+        }
+    return cluster
+
+
+def build_bootstrap(
+    settings: Settings, *, listen: tuple[str, int], upstream: Upstream
+) -> dict[str, Any]:
+    """An Envoy bootstrap (JSON-able) for the proxy: listener -> gate filters -> upstream."""
+    host, port = listen
+    connection_manager = {
+        "@type": _TYPE
+        + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "retrieval_gate",
+        "route_config": {
+            "name": "vector_db",
+            "virtual_hosts": [
+                {
+                    "name": "vector_db",
+                    "domains": ["*"],
+                    "routes": [
+                        {
+                            "match": {"prefix": "/"},
+                            "route": {"cluster": UPSTREAM_CLUSTER, "timeout": "60s"},
+                        }
+                    ],
+                }
+            ],
+        },
+        "http_filters": _http_filters(settings),
+    }
+    return {
+        "admin": {"address": _address("127.0.0.1", 0)},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "retrieval_gate",
+                    "address": _address(host, port),
+                    # Envoy buffers the whole response body for ext_proc; a body
+                    # over this limit is answered with an error, never passed.
+                    "per_connection_buffer_limit_bytes": settings.max_body_bytes,
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": connection_manager,
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": [
+                _upstream_cluster(upstream),
+                {
+                    "name": SIDECAR_CLUSTER,
+                    "type": "STATIC",
+                    "connect_timeout": "1s",
+                    # gRPC needs HTTP/2 to the sidecar; HTTP/1.1 fails every request.
+                    "typed_extension_protocol_options": {
+                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                            "@type": _TYPE
+                            + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                            "explicit_http_config": {"http2_protocol_options": {}},
+                        }
+                    },
+                    "load_assignment": {
+                        "cluster_name": SIDECAR_CLUSTER,
+                        "endpoints": [
+                            {
+                                "lb_endpoints": [
+                                    {
+                                        "endpoint": {
+                                            "address": _sidecar_address(settings.grpc_listen)
+                                        }
+                                    }
+                                ]
+                            }
+                        ],
+                    },
+                },
+            ],
+        },
+    }

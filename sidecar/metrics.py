@@ -1,0 +1,71 @@
+"""Prometheus instruments. Names and labels are part of the public interface.
+
+Label values come only from closed sets (decisions, reason codes, declared
+custom reasons, format names, outcomes): never chunk text, ids or callers.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+# Responses are usually decided in well under 10 ms; the upper buckets catch
+# cold-store and overload tails.
+_DECISION_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+ADMITTED_REASON = "NONE"
+
+
+class GateMetrics:
+    """All of the gate's instruments, registered in one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.chunks = Counter(
+            "retrieval_gate_chunks",
+            "Chunks decided, by decision, primary reason (NONE when admitted) and format.",
+            ["decision", "reason", "format"],
+            registry=r,
+        )
+        self.responses = Counter(
+            "retrieval_gate_responses",
+            "Responses seen, by outcome (filtered, abstained, blocked, passthrough, error).",
+            ["outcome", "format"],
+            registry=r,
+        )
+        self.decision_seconds = Histogram(
+            "retrieval_gate_decision_seconds",
+            "Time to decide a whole response body, sidecar side.",
+            buckets=_DECISION_BUCKETS,
+            registry=r,
+        )
+        self.cache_hits = Counter(
+            "retrieval_gate_cache_hits", "Metadata lookups served by the cache.", registry=r
+        )
+        self.cache_misses = Counter(
+            "retrieval_gate_cache_misses", "Metadata lookups sent to the store.", registry=r
+        )
+        self.store_errors = Counter(
+            "retrieval_gate_store_errors", "Metadata store lookups that failed.", registry=r
+        )
+        self.policy_errors = Counter(
+            "retrieval_gate_policy_errors", "Policy evaluations that failed.", registry=r
+        )
+        self.audit_records = Counter(
+            "retrieval_gate_audit_records", "Audit records written.", registry=r
+        )
+        self.audit_errors = Counter(
+            "retrieval_gate_audit_errors", "Audit records that could not be written.", registry=r
+        )
+
+    # CacheObserver protocol (sidecar.metadata.cache): keeps the cache free of Prometheus.
+    def hit(self, n: int) -> None:
+        if n:
+            self.cache_hits.inc(n)
+
+    def miss(self, n: int) -> None:
+        if n:
+            self.cache_misses.inc(n)
+
+    def store_error(self) -> None:
+        self.store_errors.inc()

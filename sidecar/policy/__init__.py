@@ -1,0 +1,1 @@
+"""Rego policy engines behind one interface."""

@@ -1,0 +1,26 @@
+"""The interface every policy engine implements."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+
+class PolicyError(Exception):
+    """The policy could not be evaluated; every affected chunk gets POLICY_ERROR."""
+
+
+class PolicyEngine(Protocol):
+    @property
+    def version(self) -> str:
+        """Identifies the loaded policy (a digest of its sources) for audit records."""
+        ...
+
+    def evaluate(self, policy_input: Mapping[str, Any]) -> Mapping[str, list[str]]:
+        """Evaluate the chunk policy once for a whole response.
+
+        ``policy_input`` follows the contract in policies/README.md. Returns
+        reasons per chunk id; an empty list admits the chunk. Raises PolicyError
+        on any engine failure.
+        """
+        ...

@@ -1,0 +1,139 @@
+"""Assembles the sidecar from settings and runs its gRPC and metrics servers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from prometheus_client import start_http_server
+
+from sidecar.audit import AuditSink, JsonlAuditSink, NullAuditSink
+from sidecar.config import IdentityMode, Settings
+from sidecar.enforcement import ResponseFilter
+from sidecar.envoy.ext_authz import AuthorizationServicer
+from sidecar.envoy.ext_proc import ExternalProcessorServicer
+from sidecar.formats import QdrantFormat, ResponseFormat
+from sidecar.gate import Gate
+from sidecar.identity import IdentityProvider, TrustedHeaders
+from sidecar.metadata.cache import CachedStore
+from sidecar.metadata.open import open_store
+from sidecar.metrics import GateMetrics
+from sidecar.policy.regorus_engine import RegorusEngine
+from sidecar.reasons import ReasonOrder
+from sidecar.wire import ext_authz_pb2_grpc, ext_proc_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """Parse ``host:port`` (``[v6]:port`` allowed); raise ValueError naming the value."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"expected host:port, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def build_identity(settings: Settings) -> IdentityProvider:
+    if settings.identity is IdentityMode.TRUSTED_HEADERS:
+        log.warning(
+            "identity mode 'trusted-headers' believes x-gate-tenant and x-gate-principals "
+            "as sent by the client: for development only, never in production"
+        )
+        return TrustedHeaders()
+    raise ValueError(f"unsupported identity mode {settings.identity!r}")
+
+
+def build_formats(settings: Settings) -> Sequence[ResponseFormat]:
+    return [QdrantFormat(text_field=settings.text_field, id_field=settings.id_field)]
+
+
+@dataclass
+class Sidecar:
+    """The assembled parts of one sidecar process."""
+
+    settings: Settings
+    metrics: GateMetrics
+    store: CachedStore
+    audit: AuditSink
+    response_filter: ResponseFilter
+    identity: IdentityProvider
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Sidecar:
+        metrics = GateMetrics()
+        store = CachedStore(
+            open_store(settings.store),
+            ttl=settings.cache_ttl_seconds,
+            maxsize=settings.cache_size,
+            negative_ttl=settings.negative_cache_ttl_seconds,
+            negative_maxsize=settings.negative_cache_size,
+            observer=metrics,
+        )
+        policy = RegorusEngine.from_directory(settings.policy_dir)
+        gate = Gate(policy, ReasonOrder(settings.custom_reasons))
+        audit: AuditSink
+        if settings.audit_log is None:
+            log.warning("no audit log configured (--audit-log): decisions are not recorded")
+            audit = NullAuditSink()
+        else:
+            audit = JsonlAuditSink(settings.audit_log)
+        response_filter = ResponseFilter(
+            formats=build_formats(settings),
+            store=store,
+            gate=gate,
+            audit=audit,
+            metrics=metrics,
+            mode_for=settings.mode_for,
+        )
+        log.info("policy %s loaded from %s", policy.version, settings.policy_dir)
+        return cls(settings, metrics, store, audit, response_filter, build_identity(settings))
+
+    def close(self) -> None:
+        self.audit.close()
+        self.store.close()
+
+
+class SidecarServer:
+    """The gRPC server (ext_authz + ext_proc) and the /metrics endpoint."""
+
+    def __init__(self, sidecar: Sidecar) -> None:
+        self.sidecar = sidecar
+        limit = sidecar.settings.grpc_max_message_bytes
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+        ]
+        self._grpc = grpc.aio.server(options=options)
+        ext_proc_pb2_grpc.add_ExternalProcessorServicer_to_server(
+            ExternalProcessorServicer(sidecar.response_filter), self._grpc
+        )
+        ext_authz_pb2_grpc.add_AuthorizationServicer_to_server(
+            AuthorizationServicer(sidecar.identity), self._grpc
+        )
+        self._metrics_server: Any = None
+
+    async def start(self) -> None:
+        settings = self.sidecar.settings
+        address = settings.grpc_listen
+        if self._grpc.add_insecure_port(address) == 0 and not address.startswith("unix:"):
+            raise OSError(f"cannot listen on {address}")
+        await self._grpc.start()
+        log.info("gRPC (ext_authz, ext_proc) listening on %s", address)
+        if settings.metrics:
+            host, port = split_host_port(settings.metrics)
+            self._metrics_server, _ = start_http_server(
+                port, addr=host, registry=self.sidecar.metrics.registry
+            )
+            log.info("metrics on http://%s/metrics", settings.metrics)
+
+    async def wait(self) -> None:
+        await self._grpc.wait_for_termination()
+
+    async def stop(self, grace: float = 2.0) -> None:
+        await self._grpc.stop(grace)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+        self.sidecar.close()

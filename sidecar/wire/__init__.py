@@ -1,0 +1,1 @@
+"""Envoy wire messages, generated from proto/ by the build (see setup.py)."""

@@ -1,0 +1,233 @@
+"""Runs the real stack for integration tests: `retrieval-gate serve` + Envoy + fixture upstream.
+
+The sidecar runs as its own process (the real CLI) and Envoy as another, with
+the bootstrap `retrieval-gate proxy` would generate, so a test can kill the
+sidecar while Envoy keeps running.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from sidecar.config import IdentityMode, Settings
+from sidecar.demo.upstream import FixtureUpstream
+from sidecar.envoy.bootstrap import Upstream, build_bootstrap
+from sidecar.envoy.process import envoy_command, read_admin_address
+
+CLI = [sys.executable, "-m", "sidecar.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class HttpResult:
+    status: int
+    headers: dict[str, str]  # lowercase names
+    body: bytes
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+# Loopback only: never route test traffic through an *_proxy from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def http(
+    method: str, url: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
+) -> HttpResult:
+    request = urllib.request.Request(url, data=body, headers=dict(headers or {}), method=method)
+    try:
+        with _OPENER.open(request, timeout=15) as response:
+            return HttpResult(
+                response.status,
+                {k.lower(): v for k, v in response.headers.items()},
+                response.read(),
+            )
+    except urllib.error.HTTPError as error:
+        return HttpResult(
+            error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
+        )
+
+
+def _wait_for(predicate: Any, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return (
+            "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+        )
+    return json.dumps(value)
+
+
+def write_records(path: Path, records: Sequence[Mapping[str, Any]]) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return path
+
+
+class GateStack:
+    """Fixture upstream + sidecar process + Envoy process, in one temp directory."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        records: Sequence[Mapping[str, Any]],
+        *,
+        config: Mapping[str, Any] | None = None,
+        max_body_bytes: int = 4 * 1024 * 1024,
+    ) -> None:
+        self.workdir = workdir
+        self.upstream = FixtureUpstream().start()
+        self.audit_log = workdir / "decisions.jsonl"
+        self.store_url = f"sqlite:///{workdir / 'gate.db'}"
+        self.metrics_port = free_port()
+        self.socket = workdir / "gate.sock"
+        self.listen_port = free_port()
+        self._records_file = write_records(workdir / "chunks.jsonl", records)
+        self._config = {
+            "identity": "trusted-headers",
+            "store": self.store_url,
+            "audit_log": str(self.audit_log),
+            "metrics": f"127.0.0.1:{self.metrics_port}",
+            "grpc_listen": f"unix:{self.socket}",
+            "max_body_bytes": max_body_bytes,
+            **(config or {}),
+        }
+        self.sidecar: subprocess.Popen[bytes] | None = None
+        self.envoy: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listen_port}"
+
+    def start(self) -> GateStack:
+        subprocess.run(
+            [*CLI, "store", "load", "--store", self.store_url, str(self._records_file)],
+            check=True,
+            capture_output=True,
+        )
+        self.start_sidecar()
+        self._start_envoy()
+        return self
+
+    def start_sidecar(self) -> None:
+        config_file = self.workdir / "gate.toml"
+        config_file.write_text(
+            "\n".join(f"{key} = {_toml_value(value)}" for key, value in self._config.items())
+        )
+        self.socket.unlink(missing_ok=True)
+        log = (self.workdir / "sidecar.log").open("ab")
+        self.sidecar = subprocess.Popen(
+            [*CLI, "serve", "--config", str(config_file)], stdout=log, stderr=log
+        )
+
+        def listening() -> bool:
+            assert self.sidecar is not None
+            if self.sidecar.poll() is not None:
+                raise RuntimeError((self.workdir / "sidecar.log").read_text()[-3000:])
+            return self.socket.exists()
+
+        _wait_for(listening, "the sidecar's gRPC socket")
+
+    def kill_sidecar(self) -> None:
+        assert self.sidecar is not None
+        self.sidecar.send_signal(signal.SIGKILL)
+        self.sidecar.wait()
+
+    def _start_envoy(self) -> None:
+        settings = replace(
+            Settings(identity=IdentityMode.TRUSTED_HEADERS),
+            grpc_listen=f"unix:{self.socket}",
+            max_body_bytes=int(self._config["max_body_bytes"]),
+        )
+        bootstrap = build_bootstrap(
+            settings,
+            listen=("127.0.0.1", self.listen_port),
+            upstream=Upstream.parse(self.upstream.url),
+        )
+        config = self.workdir / "envoy.json"
+        config.write_text(json.dumps(bootstrap))
+        admin_file = self.workdir / "envoy-admin"
+        log = (self.workdir / "envoy.log").open("ab")
+        self.envoy = subprocess.Popen(envoy_command(config, admin_file), stdout=log, stderr=log)
+
+        def ready() -> bool:
+            assert self.envoy is not None
+            if self.envoy.poll() is not None:
+                raise RuntimeError((self.workdir / "envoy.log").read_text()[-3000:])
+            address = read_admin_address(admin_file)
+            if address is None:
+                return False
+            try:
+                return http("GET", f"http://{address[0]}:{address[1]}/ready").status == 200
+            except OSError:
+                return False
+
+        _wait_for(ready, "Envoy to report LIVE")
+
+    def search(
+        self,
+        path: str,
+        *,
+        tenant: str | None = "acme",
+        principals: str | None = "user:alice,group:qa",
+        body: bytes = b'{"vector":[0.1,0.2],"limit":10}',
+        method: str = "POST",
+        headers: Mapping[str, str] | None = None,
+    ) -> HttpResult:
+        sent = {"content-type": "application/json", **(headers or {})}
+        if tenant is not None:
+            sent["x-gate-tenant"] = tenant
+        if principals is not None:
+            sent["x-gate-principals"] = principals
+        return http(method, self.url + path, body if method != "GET" else None, sent)
+
+    def metrics(self) -> dict[str, float]:
+        """Parsed /metrics samples: 'name{labels}' -> value."""
+        text = http("GET", f"http://127.0.0.1:{self.metrics_port}/metrics").body.decode()
+        samples: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
+
+    def audit_records(self) -> list[dict[str, Any]]:
+        if not self.audit_log.exists():
+            return []
+        return [orjson.loads(line) for line in self.audit_log.read_bytes().splitlines()]
+
+    def stop(self) -> None:
+        for process in (self.envoy, self.sidecar):
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        self.upstream.stop()

@@ -1,0 +1,257 @@
+"""The TTL cache in front of a metadata store, with a fake clock (no sleeping)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Collection, Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from sidecar.metadata.cache import CachedStore, Lookup
+from sidecar.metadata.sqlite import SqliteStore
+from sidecar.metadata.store import StoreUnavailable
+from sidecar.records import ChunkRecord, Status
+
+TTL = 30.0
+NEGATIVE_TTL = 5.0
+
+
+def record(chunk_id: str, **changes: object) -> ChunkRecord:
+    base = ChunkRecord(
+        chunk_id=chunk_id,
+        doc_id="doc",
+        version="1",
+        tenant_id="acme",
+        allowed_principals=("group:support",),
+        status=Status.APPROVED,
+        effective_at=datetime(2025, 1, 1, tzinfo=UTC),
+        expires_at=None,
+        sha256="ab" * 32,
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeStore:
+    """An inner store that records every lookup and can be made to fail."""
+
+    def __init__(self, *records: ChunkRecord) -> None:
+        self.records = {r.chunk_id: r for r in records}
+        self.lookups: list[list[str]] = []
+        self.failing = False
+        self.closed = False
+
+    async def fetch(self, chunk_ids: Collection[str]) -> Mapping[str, ChunkRecord]:
+        self.lookups.append(sorted(chunk_ids))
+        if self.failing:
+            raise StoreUnavailable("connection refused")
+        return {i: self.records[i] for i in chunk_ids if i in self.records}
+
+    def upsert(self, records: Iterable[ChunkRecord]) -> int:
+        batch = list(records)
+        self.records.update((r.chunk_id, r) for r in batch)
+        return len(batch)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class CountingObserver:
+    def __init__(self) -> None:
+        self.hits = 0
+        self.misses = 0
+        self.store_errors = 0
+
+    def hit(self, n: int) -> None:
+        self.hits += n
+
+    def miss(self, n: int) -> None:
+        self.misses += n
+
+    def store_error(self) -> None:
+        self.store_errors += 1
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def inner() -> FakeStore:
+    return FakeStore(record("a"), record("b"))
+
+
+@pytest.fixture
+def observer() -> CountingObserver:
+    return CountingObserver()
+
+
+@pytest.fixture
+def cache(inner: FakeStore, clock: FakeClock, observer: CountingObserver) -> CachedStore:
+    return CachedStore(inner, ttl=TTL, negative_ttl=NEGATIVE_TTL, observer=observer, timer=clock)
+
+
+def fetch(cache: CachedStore, ids: Collection[str]) -> Mapping[str, ChunkRecord]:
+    return asyncio.run(cache.fetch(ids))
+
+
+def fetch_partial(cache: CachedStore, ids: Collection[str]) -> Lookup:
+    return asyncio.run(cache.fetch_partial(ids))
+
+
+def test_misses_go_to_the_store_in_one_call_and_hits_do_not(
+    cache: CachedStore, inner: FakeStore, observer: CountingObserver
+) -> None:
+    assert fetch(cache, ["a"]) == {"a": record("a")}
+    assert fetch(cache, ["a", "b", "x"]) == {"a": record("a"), "b": record("b")}
+    assert inner.lookups == [["a"], ["b", "x"]]
+    assert fetch(cache, ["a", "b", "x", "a"]) == {"a": record("a"), "b": record("b")}
+    assert inner.lookups == [["a"], ["b", "x"]]
+    assert (observer.hits, observer.misses) == (1 + 3, 1 + 2)
+
+
+def test_absent_ids_are_cached_for_the_shorter_negative_ttl(
+    cache: CachedStore, inner: FakeStore, clock: FakeClock
+) -> None:
+    fetch(cache, ["a", "x"])
+    clock.now += NEGATIVE_TTL - 0.1
+    assert fetch(cache, ["a", "x"]) == {"a": record("a")}
+    assert inner.lookups == [["a", "x"]]
+    inner.records["x"] = record("x")  # loaded meanwhile
+    clock.now += 0.2  # negative entry expired, positive one not
+    assert fetch(cache, ["a", "x"]) == {"a": record("a"), "x": record("x")}
+    assert inner.lookups == [["a", "x"], ["x"]]
+
+
+def test_records_expire_after_ttl(cache: CachedStore, inner: FakeStore, clock: FakeClock) -> None:
+    fetch(cache, ["a"])
+    inner.records["a"] = record("a", status=Status.REVOKED)
+    clock.now += TTL - 0.1
+    assert fetch(cache, ["a"])["a"].status is Status.APPROVED  # stale within ttl, by design
+    clock.now += 0.2
+    assert fetch(cache, ["a"])["a"].status is Status.REVOKED
+    assert inner.lookups == [["a"], ["a"]]
+
+
+def test_store_failure_raises_from_fetch(
+    cache: CachedStore, inner: FakeStore, observer: CountingObserver
+) -> None:
+    fetch(cache, ["a"])
+    inner.failing = True
+    with pytest.raises(StoreUnavailable):
+        fetch(cache, ["a", "b"])
+    assert observer.store_errors == 1
+
+
+def test_fetch_partial_serves_the_cache_and_names_the_rest_unavailable(
+    cache: CachedStore, inner: FakeStore, observer: CountingObserver
+) -> None:
+    fetch(cache, ["a", "x"])
+    inner.failing = True
+    lookup = fetch_partial(cache, ["a", "b", "x", "y"])
+    assert lookup == Lookup(records={"a": record("a")}, unavailable=frozenset({"b", "y"}))
+    assert observer.store_errors == 1
+    # A failure is not remembered as absence: the next lookup asks again.
+    inner.failing = False
+    lookup = fetch_partial(cache, ["b", "y"])
+    assert lookup == Lookup(records={"b": record("b")}, unavailable=frozenset())
+    assert inner.lookups[-1] == ["b", "y"]
+
+
+def test_expired_entries_are_not_served_during_an_outage(
+    cache: CachedStore, inner: FakeStore, clock: FakeClock
+) -> None:
+    fetch(cache, ["a", "x"])
+    inner.failing = True
+    clock.now += TTL + 1
+    lookup = fetch_partial(cache, ["a", "x"])
+    assert lookup.records == {}
+    assert lookup.unavailable == {"a", "x"}
+
+
+def test_invalidate_forgets_found_and_absent_ids(cache: CachedStore, inner: FakeStore) -> None:
+    fetch(cache, ["a", "b", "x"])
+    cache.invalidate(["a", "x"])
+    fetch(cache, ["a", "b", "x"])
+    assert inner.lookups == [["a", "b", "x"], ["a", "x"]]
+
+
+def test_clear_forgets_everything(cache: CachedStore, inner: FakeStore) -> None:
+    fetch(cache, ["a", "b", "x"])
+    cache.clear()
+    fetch(cache, ["a", "b", "x"])
+    assert inner.lookups == [["a", "b", "x"], ["a", "b", "x"]]
+
+
+def test_answer_requested_before_an_invalidation_is_not_cached(inner: FakeStore) -> None:
+    class SlowStore(FakeStore):
+        async def fetch(self, chunk_ids: Collection[str]) -> Mapping[str, ChunkRecord]:
+            answer = await super().fetch(chunk_ids)
+            await asyncio.sleep(0)  # the invalidation arrives while this answer travels
+            return answer
+
+    slow = SlowStore(record("a"))
+    cache = CachedStore(slow)
+
+    async def scenario() -> None:
+        lookup = asyncio.ensure_future(cache.fetch(["a"]))
+        await asyncio.sleep(0)
+        slow.records["a"] = record("a", status=Status.REVOKED)
+        cache.invalidate(["a"])
+        assert (await lookup)["a"].status is Status.APPROVED  # its caller still gets it
+        assert (await cache.fetch(["a"]))["a"].status is Status.REVOKED
+
+    asyncio.run(scenario())
+    assert slow.lookups == [["a"], ["a"]]
+
+
+def test_upsert_writes_through_and_invalidates(cache: CachedStore, inner: FakeStore) -> None:
+    fetch(cache, ["a", "x"])
+    written = cache.upsert(r for r in [record("a", version="2"), record("x")])
+    assert written == 2
+    assert fetch(cache, ["a", "x"]) == {"a": record("a", version="2"), "x": record("x")}
+
+
+def test_close_closes_the_inner_store(cache: CachedStore, inner: FakeStore) -> None:
+    cache.close()
+    assert inner.closed
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"ttl": 0}, {"negative_ttl": -1}, {"maxsize": 0}, {"negative_maxsize": 0}],
+)
+def test_nonsense_settings_are_refused(inner: FakeStore, settings: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        CachedStore(inner, **settings)  # type: ignore[arg-type]
+
+
+def test_maxsize_bounds_the_cache(inner: FakeStore, clock: FakeClock) -> None:
+    inner.records.update((f"c-{n}", record(f"c-{n}")) for n in range(10))
+    cache = CachedStore(inner, maxsize=4, negative_maxsize=2, timer=clock)
+    fetch(cache, [f"c-{n}" for n in range(10)] + ["x", "y", "z"])
+    inner.lookups.clear()
+    fetch(cache, [f"c-{n}" for n in range(10)] + ["x", "y", "z"])
+    assert len(inner.lookups[0]) == 10 - 4 + 3 - 2
+
+
+def test_works_over_the_sqlite_store(tmp_path: Path, clock: FakeClock) -> None:
+    cache = CachedStore(SqliteStore(tmp_path / "meta.db"), timer=clock)
+    try:
+        assert fetch(cache, ["a"]) == {}
+        cache.upsert([record("a")])
+        assert fetch(cache, ["a"]) == {"a": record("a")}
+        assert fetch_partial(cache, ["a", "b"]) == Lookup({"a": record("a")}, frozenset())
+    finally:
+        cache.close()

@@ -1,0 +1,603 @@
+"""The Qdrant REST adapter: routes, candidates, filtering, malformed bodies.
+
+The body shapes come from Qdrant's OpenAPI spec and qdrant-client's models
+(``qdrant_client.http.models``); every filtered body is checked by validating it
+with the qdrant-client pydantic model of its endpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, create_model
+from qdrant_client.http import models
+
+from sidecar.formats import (
+    Candidate,
+    MalformedBody,
+    ParsedBody,
+    QdrantFormat,
+    ResponseFormat,
+    Route,
+    detect,
+)
+from tests.fixtures.qdrant_bodies import (
+    BUILDERS,
+    TIME,
+    Body,
+    Point,
+    batch_body,
+    encode,
+    get_point_body,
+    group,
+    groups_body,
+    point,
+    query_batch_body,
+    query_body,
+    retrieve_body,
+    route,
+    scroll_body,
+    search_body,
+)
+
+UUID_A = "5c56c793-69f3-4fbf-87e6-c4bf54c28c26"
+USAGE = {
+    "hardware": {
+        "cpu": 3,
+        "payload_io_read": 10,
+        "payload_io_write": 0,
+        "payload_index_io_read": 2,
+        "payload_index_io_write": 0,
+        "vector_io_read": 40,
+        "vector_io_write": 0,
+    }
+}
+
+
+def _envelope_model(name: str, result: Any) -> type[BaseModel]:
+    # The installed qdrant-client no longer ships the search/recommend/discover
+    # endpoints, so their InlineResponse wrappers are gone; this is the same
+    # wrapper around the same result type.
+    return create_model(
+        name,
+        usage=(models.Usage | None, None),
+        time=(float | None, None),
+        status=(str | None, None),
+        result=(result | None, None),
+    )
+
+
+_SCORED_LIST = _envelope_model("ScoredPointsResponse", list[models.ScoredPoint])
+_SCORED_BATCH = _envelope_model("ScoredPointBatchResponse", list[list[models.ScoredPoint]])
+
+RESPONSE_MODELS: dict[str, type[BaseModel]] = {
+    "": models.InlineResponse20017,  # List[Record]
+    "search": _SCORED_LIST,
+    "search/batch": _SCORED_BATCH,
+    "search/groups": models.InlineResponse20024,  # GroupsResult
+    "query": models.InlineResponse20022,  # QueryResponse
+    "query/batch": models.InlineResponse20023,  # List[QueryResponse]
+    "query/groups": models.InlineResponse20024,
+    "recommend": _SCORED_LIST,
+    "recommend/batch": _SCORED_BATCH,
+    "recommend/groups": models.InlineResponse20024,
+    "discover": _SCORED_LIST,
+    "discover/batch": _SCORED_BATCH,
+    "scroll": models.InlineResponse20019,  # ScrollResult
+    "{id}": models.InlineResponse20016,  # Record
+}
+SUFFIXES = sorted(RESPONSE_MODELS)
+
+
+def _build(suffix: str, points: Sequence[Point], keep: Collection[int] | None = None) -> Body:
+    """The body for ``points`` laid out as ``suffix`` returns them, keeping only
+    the points whose index is in ``keep`` (all when None).
+
+    Batches split the points in two halves and groups take two points each, so
+    hit positions equal indexes in ``points``. This is the oracle for filtering.
+    """
+
+    def kept(start: int, hits: Sequence[Point]) -> list[Point]:
+        return [hit for i, hit in enumerate(hits, start) if keep is None or i in keep]
+
+    half = len(points) // 2
+    halves = [kept(0, points[:half]), kept(half, points[half:])]
+    last = suffix.rsplit("/", 1)[-1]
+    if suffix == "{id}":
+        body = get_point_body(points[0])
+        if not kept(0, points[:1]):
+            del body["result"]
+    elif suffix == "":
+        body = retrieve_body(kept(0, points))
+    elif suffix == "scroll":
+        body = scroll_body(kept(0, points), next_page_offset=UUID_A)
+    elif suffix == "query":
+        body = query_body(kept(0, points))
+    elif suffix == "query/batch":
+        body = query_batch_body(halves)
+    elif last == "batch":
+        body = batch_body(halves)
+    elif last == "groups":
+        pairs = [(f"doc-{i // 2}", kept(i, points[i : i + 2])) for i in range(0, len(points), 2)]
+        body = groups_body([group(key, hits) for key, hits in pairs if hits])
+    else:
+        body = search_body(kept(0, points))
+    body["usage"] = USAGE
+    body["x-unknown"] = {"kept": [1, 2.5, None]}
+    return body
+
+
+def _parse(body: Body, suffix: str, fmt: QdrantFormat | None = None) -> ParsedBody:
+    return (fmt or QdrantFormat()).parse(encode(body), route(suffix))
+
+
+def _filtered(body: Body, suffix: str, keep: Collection[int]) -> Body:
+    out = _parse(body, suffix).render(keep)
+    RESPONSE_MODELS[suffix].model_validate_json(out)
+    decoded: Body = orjson.loads(out)
+    return decoded
+
+
+POINTS = [
+    point(1, "alpha", score=0.91, doc_id="a"),
+    point(UUID_A, "beta", score=0.87, vector=[0.1, 0.2]),
+    point(3, "gamma", score=0.5, tags=["x", "y"]),
+    point("00000000-0000-0000-0000-000000000004", "delta", score=0.4),
+    point(18446744073709551615, "epsilon", score=0.3),
+    point(6, "zeta", score=0.2, nested={"a": {"b": [1, None]}}),
+]
+
+
+# -- routes ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/collections/docs/points/search"),
+        ("POST", "/collections/docs/points/search/batch"),
+        ("POST", "/collections/docs/points/search/groups"),
+        ("POST", "/collections/docs/points/query"),
+        ("POST", "/collections/docs/points/query/batch"),
+        ("POST", "/collections/docs/points/query/groups"),
+        ("POST", "/collections/docs/points/recommend"),
+        ("POST", "/collections/docs/points/recommend/batch"),
+        ("POST", "/collections/docs/points/recommend/groups"),
+        ("POST", "/collections/docs/points/discover"),
+        ("POST", "/collections/docs/points/discover/batch"),
+        ("POST", "/collections/docs/points/scroll"),
+        ("POST", "/collections/docs/points"),
+        ("GET", "/collections/docs/points/42"),
+        ("GET", f"/collections/docs/points/{UUID_A}"),
+        ("POST", "/collections/docs/points/search/"),
+        ("POST", "/collections/docs/points/"),
+        ("GET", "/collections/docs/points/42/"),
+        ("POST", "/collections/my-collection_2/points/query"),
+        ("POST", "/collections/%D0%B4%D0%BE%D0%BA/points/query"),
+        ("post", "/collections/docs/points/search"),
+    ],
+)
+def test_handles_point_reading_routes(method: str, path: str) -> None:
+    assert QdrantFormat().handles(Route(method, path))
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("PUT", "/collections/docs/points"),  # upsert
+        ("GET", "/collections/docs"),
+        ("GET", "/collections/docs/points"),
+        ("GET", "/collections/docs/points/"),
+        ("POST", "/collections/docs/points/count"),
+        ("POST", "/collections/docs/points/delete"),
+        ("POST", "/collections/docs/points/payload"),
+        ("POST", "/collections/docs/points/search/matrix/pairs"),
+        ("POST", "/collections/docs/points/discover/groups"),
+        ("POST", "/collections/docs/points/search/batch/extra"),
+        ("POST", "/collections/docs/points/search//"),
+        ("POST", "/collections//points/search"),
+        ("POST", "/collection/docs/points/search"),
+        ("POST", "/v1/collections/docs/points/search"),
+        ("POST", "collections/docs/points/search"),
+        ("GET", "/collections/docs/points/search/batch"),
+        ("DELETE", "/collections/docs/points/42"),
+        ("POST", "/collections/docs/points/42"),
+        ("POST", "/"),
+        ("POST", ""),
+    ],
+)
+def test_ignores_other_routes(method: str, path: str) -> None:
+    assert not QdrantFormat().handles(Route(method, path))
+
+
+def test_name() -> None:
+    assert QdrantFormat().name == "qdrant"
+
+
+def test_detect_returns_first_format_that_handles_the_route() -> None:
+    first, second = QdrantFormat(), QdrantFormat(text_field="content")
+    formats: list[ResponseFormat] = [first, second]
+    assert detect(route("search"), formats) is first
+    assert detect(Route("GET", "/collections/docs"), formats) is None
+    assert detect(route("search"), []) is None
+
+
+def test_parse_rejects_a_route_it_does_not_handle() -> None:
+    with pytest.raises(ValueError, match="not handled"):
+        QdrantFormat().parse(encode(search_body(POINTS)), Route("PUT", "/collections/c/points"))
+
+
+# -- filtering ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_candidates_number_hits_in_document_order(suffix: str) -> None:
+    points = POINTS[:1] if suffix == "{id}" else POINTS
+    parsed = _parse(_build(suffix, points), suffix)
+    assert list(parsed.candidates) == [
+        Candidate(i, str(hit["id"]), hit["payload"]["text"]) for i, hit in enumerate(points)
+    ]
+
+
+@pytest.mark.parametrize("suffix", sorted(set(SUFFIXES) - {"{id}"}))
+@pytest.mark.parametrize("keep", [set(), {0}, {1, 4}, {0, 2, 3, 5}, set(range(6)), {5, 99, -1}])
+def test_render_keeps_exactly_the_kept_hits(suffix: str, keep: set[int]) -> None:
+    assert _filtered(_build(suffix, POINTS), suffix, keep) == _build(suffix, POINTS, keep)
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_render_all_is_the_original_body(suffix: str) -> None:
+    points = POINTS[:1] if suffix == "{id}" else POINTS
+    body = _build(suffix, points)
+    assert _filtered(body, suffix, range(len(points))) == body
+
+
+def test_rejected_single_point_drops_result() -> None:
+    body = _build("{id}", POINTS[:1])
+    filtered = _filtered(body, "{id}", set())
+    assert filtered == {
+        "status": "ok",
+        "time": TIME,
+        "usage": USAGE,
+        "x-unknown": body["x-unknown"],
+    }
+    assert models.InlineResponse20016.model_validate(filtered).result is None
+
+
+def test_render_preserves_key_order_and_all_other_fields() -> None:
+    body = {
+        "x-first": True,
+        "result": {"next_page_offset": 7, "points": [POINTS[0], POINTS[1]], "extra": 1},
+        "time": 1e-06,
+        "status": "ok",
+    }
+    out = QdrantFormat().parse(orjson.dumps(body), route("scroll")).render({1})
+    assert out == orjson.dumps(
+        {
+            "x-first": True,
+            "result": {"next_page_offset": 7, "points": [POINTS[1]], "extra": 1},
+            "time": 1e-06,
+            "status": "ok",
+        }
+    )
+
+
+def test_render_can_be_called_again_with_another_keep_set() -> None:
+    body = _build("query/groups", POINTS)
+    parsed = _parse(body, "query/groups")
+    first = parsed.render({0, 3})
+    assert orjson.loads(parsed.render(set())) == _build("query/groups", POINTS, set())
+    assert parsed.render({0, 3}) == first
+    assert orjson.loads(parsed.render(range(6))) == body
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_shared_builders_make_valid_bodies(suffix: str) -> None:
+    points = [point(i, f"text {i}", doc_id=f"doc-{i // 2}") for i in range(5)]
+    points = points[:1] if suffix == "{id}" else points
+    body = encode(BUILDERS[suffix](points))
+    RESPONSE_MODELS[suffix].model_validate_json(body)
+    parsed = QdrantFormat().parse(body, route(suffix))
+    assert [c.chunk_id for c in parsed.candidates] == [str(p["id"]) for p in points]
+
+
+# -- groups and lookups -------------------------------------------------------
+
+
+def _groups_with_lookups() -> Body:
+    lookup_a = point("doc-a", "document A")
+    lookup_b = point("doc-b", "document B")
+    return groups_body(
+        [
+            group("a", POINTS[0:2], lookup=lookup_a),  # positions 0, 1; lookup 2
+            group("b", POINTS[2:3], lookup=lookup_b),  # position 3; lookup 4
+            group("c", POINTS[3:5]),  # positions 5, 6
+        ]
+    )
+
+
+def test_group_lookup_is_a_candidate_after_its_hits() -> None:
+    parsed = _parse(_groups_with_lookups(), "search/groups")
+    assert [c.chunk_id for c in parsed.candidates] == [
+        "1",
+        UUID_A,
+        "doc-a",
+        "3",
+        "doc-b",
+        "00000000-0000-0000-0000-000000000004",
+        "18446744073709551615",
+    ]
+    assert parsed.candidates[2].text == "document A"
+
+
+def test_rejected_lookup_is_left_out_of_its_group() -> None:
+    body = _groups_with_lookups()
+    filtered = _filtered(body, "search/groups", {0, 3, 4, 5})
+    groups = filtered["result"]["groups"]
+    assert groups[0] == {"hits": [POINTS[0]], "id": "a"}
+    assert groups[1] == body["result"]["groups"][1]
+    assert groups[2] == {"hits": [POINTS[3]], "id": "c"}
+
+
+def test_group_without_kept_hits_is_removed_even_with_a_kept_lookup() -> None:
+    filtered = _filtered(_groups_with_lookups(), "query/groups", {2, 4, 5})
+    assert filtered["result"]["groups"] == [{"hits": [POINTS[3]], "id": "c"}]
+
+
+def test_null_lookup_is_not_a_candidate() -> None:
+    body = groups_body([{"hits": [POINTS[0]], "id": 5, "lookup": None}])
+    parsed = _parse(body, "search/groups")
+    assert len(parsed.candidates) == 1
+    assert orjson.loads(parsed.render({0})) == body
+
+
+# -- candidate fields ---------------------------------------------------------
+
+
+def _hit(**fields: Any) -> Point:
+    return {"version": 1, "score": 0.5, **fields}
+
+
+@pytest.mark.parametrize(
+    ("hit", "chunk_id", "text", "problem"),
+    [
+        (_hit(id=7, payload={"text": "t"}), "7", "t", None),
+        (_hit(id=UUID_A, payload={"text": ""}), UUID_A, "", None),
+        (_hit(id=7), "7", None, "no payload"),
+        (_hit(id=7, payload=None), "7", None, "no payload"),
+        (_hit(id=7, payload=["secret"]), "7", None, "payload is not an object"),
+        (_hit(id=7, payload={}), "7", None, "payload field 'text' missing"),
+        (_hit(id=7, payload={"text": None}), "7", None, "payload field 'text' missing"),
+        (_hit(id=7, payload={"text": 12}), "7", None, "payload field 'text' is not a string"),
+        (_hit(payload={"text": "t"}), None, "t", "point id missing"),
+        (_hit(id=None, payload={"text": "t"}), None, "t", "point id missing"),
+        (_hit(id=True, payload={"text": "t"}), None, "t", "point id is not a string or integer"),
+        (_hit(id=1.5, payload={"text": "t"}), None, "t", "point id is not a string or integer"),
+        (_hit(id=["x"], payload={"text": "t"}), None, "t", "point id is not a string or integer"),
+        (_hit(id="", payload={"text": "t"}), None, "t", "point id is empty"),
+        (_hit(id=""), None, None, "point id is empty; no payload"),
+    ],
+)
+def test_candidate_from_point_id(
+    hit: Point, chunk_id: str | None, text: str | None, problem: str | None
+) -> None:
+    parsed = _parse(search_body([hit]), "search")
+    assert parsed.candidates == (Candidate(0, chunk_id, text, problem),)
+
+
+@pytest.mark.parametrize(
+    ("payload", "chunk_id", "text", "problem"),
+    [
+        ({"chunk": "c-1", "body": "b"}, "c-1", "b", None),
+        ({"chunk": 12, "body": "b"}, "12", "b", None),
+        ({"chunk": "c-1", "text": "wrong field"}, "c-1", None, "payload field 'body' missing"),
+        ({"body": "b"}, None, "b", "payload field 'chunk' missing"),
+        ({"chunk": None, "body": "b"}, None, "b", "payload field 'chunk' missing"),
+        ({"chunk": "", "body": "b"}, None, "b", "payload field 'chunk' is empty"),
+        (
+            {"chunk": False, "body": "b"},
+            None,
+            "b",
+            "payload field 'chunk' is not a string or integer",
+        ),
+        (
+            {"chunk": {"s": 1}, "body": "b"},
+            None,
+            "b",
+            "payload field 'chunk' is not a string or integer",
+        ),
+        (None, None, None, "no payload"),
+    ],
+)
+def test_candidate_from_payload_fields(
+    payload: dict[str, Any] | None, chunk_id: str | None, text: str | None, problem: str | None
+) -> None:
+    fmt = QdrantFormat(text_field="body", id_field="chunk")
+    parsed = _parse(search_body([_hit(id=99, payload=payload)]), "search", fmt)
+    assert parsed.candidates == (Candidate(0, chunk_id, text, problem),)
+
+
+def test_problems_never_contain_payload_values() -> None:
+    hit = _hit(id=["SECRET-ID"], payload={"text": {"v": "SECRET-TEXT"}})
+    (candidate,) = _parse(search_body([hit]), "search").candidates
+    assert candidate.problem is not None
+    assert "SECRET" not in candidate.problem
+
+
+# -- malformed bodies ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("suffix", "body"),
+    [
+        ("search", b""),
+        ("search", b"{not json"),
+        ("search", b'{"result": [], "status": "\xff"}'),
+        ("search", b"[" * 2000),
+        ("search", b"[]"),
+        ("search", b'"ok"'),
+        ("search", b"null"),
+        ("search", b'{"status": "ok", "time": 0.1}'),
+        ("search", b'{"result": null}'),
+        ("search", b'{"result": {"points": []}}'),
+        ("search", b'{"result": ["SECRET"]}'),
+        ("search", b'{"result": [[]]}'),
+        ("search/batch", b'{"result": [{"points": []}]}'),
+        ("search/batch", b'{"result": [[1]]}'),
+        ("query", b'{"result": []}'),
+        ("query", b'{"result": {"points": null}}'),
+        ("query/batch", b'{"result": [[]]}'),
+        ("query/batch", b'{"result": {"points": []}}'),
+        ("search/groups", b'{"result": []}'),
+        ("search/groups", b'{"result": {"groups": {}}}'),
+        ("search/groups", b'{"result": {"groups": [[]]}}'),
+        ("search/groups", b'{"result": {"groups": [{"id": 1}]}}'),
+        ("search/groups", b'{"result": {"groups": [{"id": 1, "hits": [], "lookup": 3}]}}'),
+        ("scroll", b'{"result": [], "status": "ok"}'),
+        ("", b'{"result": {"points": []}}'),
+        ("{id}", b'{"result": null}'),
+        ("{id}", b'{"result": []}'),
+    ],
+)
+def test_malformed_bodies(suffix: str, body: bytes) -> None:
+    with pytest.raises(MalformedBody) as raised:
+        QdrantFormat().parse(body, route(suffix))
+    assert "SECRET" not in str(raised.value)
+    assert raised.value.__cause__ is None
+    assert raised.value.__context__ is None
+
+
+def test_invalid_json_error_does_not_chain_the_body() -> None:
+    # orjson's decode error keeps the whole document in its .doc attribute.
+    with pytest.raises(MalformedBody) as raised:
+        QdrantFormat().parse(b'{"result": "SECRET', route("search"))
+    assert raised.value.__cause__ is None
+    assert raised.value.__context__ is None
+    assert "SECRET" not in str(raised.value)
+
+
+def test_unexpected_errors_become_malformed_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: object, hit: object) -> int:
+        raise KeyError("SECRET")
+
+    monkeypatch.setattr("sidecar.formats.qdrant._Hits.add", broken)
+    with pytest.raises(MalformedBody) as raised:
+        QdrantFormat().parse(encode(search_body(POINTS)), route("search"))
+    assert raised.value.__context__ is None
+    assert "SECRET" not in str(raised.value)
+
+
+# -- properties ---------------------------------------------------------------
+
+_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+_json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+)
+_json = st.recursive(
+    _json_scalars,
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
+    max_leaves=10,
+)
+_point_ids = st.integers(min_value=0, max_value=2**64 - 1) | st.uuids().map(str)
+
+
+@st.composite
+def _points(draw: st.DrawFn, min_size: int = 0, max_size: int = 8) -> list[Point]:
+    ids = draw(st.lists(_point_ids, min_size=min_size, max_size=max_size))
+    return [
+        {
+            "id": point_id,
+            "version": draw(st.integers(min_value=0, max_value=2**32)),
+            "score": draw(st.floats(allow_nan=False, allow_infinity=False)),
+            "payload": {
+                **draw(st.dictionaries(st.text(max_size=6), _json, max_size=3)),
+                "text": draw(st.text(max_size=12)),
+            },
+        }
+        for point_id in ids
+    ]
+
+
+@_SETTINGS
+@given(suffix=st.sampled_from(SUFFIXES), points=_points(min_size=1), data=st.data())
+def test_property_render_keeps_exactly_the_kept_hits(
+    suffix: str, points: list[Point], data: st.DataObject
+) -> None:
+    if suffix == "{id}":
+        points = points[:1]
+    keep = data.draw(st.sets(st.integers(min_value=0, max_value=len(points) - 1)))
+    body = _build(suffix, points)
+    parsed = _parse(body, suffix)
+    assert [c.chunk_id for c in parsed.candidates] == [str(p["id"]) for p in points]
+    assert _filtered(body, suffix, keep) == _build(suffix, points, keep)
+
+
+@st.composite
+def _groups(draw: st.DrawFn) -> list[tuple[list[Point], Point | None]]:
+    return [
+        (
+            draw(_points(max_size=3)),
+            draw(st.none() | _points(min_size=1, max_size=1).map(lambda p: p[0])),
+        )
+        for _ in range(draw(st.integers(min_value=0, max_value=4)))
+    ]
+
+
+@_SETTINGS
+@given(groups=_groups(), data=st.data())
+def test_property_groups_with_lookups(
+    groups: list[tuple[list[Point], Point | None]], data: st.DataObject
+) -> None:
+    body = groups_body([group(i, hits, lookup) for i, (hits, lookup) in enumerate(groups)])
+    parsed = _parse(body, "recommend/groups")
+    keep = data.draw(st.sets(st.integers(min_value=0, max_value=len(parsed.candidates))))
+
+    expected, position = [], 0
+    for i, (hits, lookup) in enumerate(groups):
+        kept_hits = [hit for offset, hit in enumerate(hits, position) if offset in keep]
+        position += len(hits)
+        kept_lookup = lookup is not None and position in keep
+        position += lookup is not None
+        if kept_hits:
+            expected.append(group(i, kept_hits, lookup if kept_lookup else None))
+
+    assert len(parsed.candidates) == position
+    assert _filtered(body, "recommend/groups", keep) == groups_body(expected)
+
+
+_routes = st.sampled_from(SUFFIXES).map(route)
+
+
+def _parse_or_malformed(body: bytes, suffix_route: Route) -> None:
+    try:
+        parsed = QdrantFormat(id_field="k").parse(body, suffix_route)
+    except MalformedBody:
+        return
+    orjson.loads(parsed.render(range(len(parsed.candidates))))
+    orjson.loads(parsed.render(set()))
+
+
+@_SETTINGS
+@given(body=st.binary(max_size=64), suffix_route=_routes)
+def test_property_any_bytes_parse_or_are_malformed(body: bytes, suffix_route: Route) -> None:
+    _parse_or_malformed(body, suffix_route)
+
+
+@_SETTINGS
+@given(value=_json, wrap=st.booleans(), suffix_route=_routes)
+def test_property_any_json_parses_or_is_malformed(
+    value: Any, wrap: bool, suffix_route: Route
+) -> None:
+    _parse_or_malformed(orjson.dumps({"result": value} if wrap else value), suffix_route)

@@ -1,0 +1,289 @@
+"""The SQLite metadata store and open_store, on real files."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import sqlite3
+import threading
+from collections.abc import Collection, Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from sidecar.metadata.open import open_store
+from sidecar.metadata.sqlite import SCHEMA_VERSION, SqliteStore
+from sidecar.metadata.store import MetadataStore, StoreUnavailable
+from sidecar.records import ChunkRecord, RecordsInvalid, Status, load_jsonl
+
+SHA = "ab" * 32
+
+CHUNKS_JSONL = """\
+{"chunk_id": "c-1", "doc_id": "refunds", "version": "3", "tenant_id": "acme", "allowed_principals": ["group:support", "user:ann"], "status": "approved", "effective_at": "2025-01-01T09:00:00+09:00", "expires_at": null, "sha256": "03b2b5e9cd5bab6f5e4a3d0e2f0ca5c52fb6fa43b2e7dd0fea2b4e2d1c9b4a5d", "source_uri": "https://docs.example/refunds", "requires_signature": true}
+
+{"chunk_id": "c-2", "doc_id": "refunds", "version": "2", "tenant_id": "acme", "allowed_principals": ["group:support"], "status": "superseded", "effective_at": "2024-01-01T00:00:00Z", "expires_at": "2025-01-01T00:00:00.000001Z", "sha256": "f4d505bf7a1ad4696471db78fa54fc05752b48b95e3b2e1e244727a4039cc4c2", "superseded_by": "c-1", "text": "Caf\\u00e9 menu\\r\\n"}
+"""  # noqa: E501
+
+
+def run(store: MetadataStore, ids: Collection[str]) -> Mapping[str, ChunkRecord]:
+    return asyncio.run(store.fetch(ids))
+
+
+def record(chunk_id: str, **changes: object) -> ChunkRecord:
+    base = ChunkRecord(
+        chunk_id=chunk_id,
+        doc_id="doc",
+        version="1",
+        tenant_id="acme",
+        allowed_principals=("group:support",),
+        status=Status.APPROVED,
+        effective_at=datetime(2025, 1, 1, tzinfo=UTC),
+        expires_at=None,
+        sha256=SHA,
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "meta.db"
+
+
+@pytest.fixture
+def store(db_path: Path) -> Iterator[SqliteStore]:
+    store = SqliteStore(db_path)
+    yield store
+    store.close()
+
+
+def load_fixture(tmp_path: Path, text: str = CHUNKS_JSONL) -> list[ChunkRecord]:
+    path = tmp_path / "chunks.jsonl"
+    path.write_text(text)
+    return load_jsonl(path)
+
+
+def test_loaded_records_round_trip(tmp_path: Path, store: SqliteStore) -> None:
+    records = load_fixture(tmp_path)
+    assert store.upsert(records) == 2
+    fetched = run(store, ["c-1", "c-2"])
+    assert fetched == {r.chunk_id: r for r in records}
+    first, second = fetched["c-1"], fetched["c-2"]
+    assert first.effective_at == datetime(2025, 1, 1, 0, 0, tzinfo=UTC)
+    assert first.effective_at.utcoffset() is not None
+    assert first.expires_at is None
+    assert first.text is None
+    assert first.requires_signature is True
+    assert first.allowed_principals == ("group:support", "user:ann")
+    assert second.expires_at == datetime(2025, 1, 1, 0, 0, 0, 1, tzinfo=UTC)
+    assert second.status is Status.SUPERSEDED
+    assert second.superseded_by == "c-1"
+    assert second.text == "Caf\u00e9 menu\r\n"
+
+
+def test_timestamps_are_stored_as_fixed_width_utc(db_path: Path, store: SqliteStore) -> None:
+    moment = datetime.fromisoformat("0999-03-04T05:06:07.5+01:00")
+    store.upsert([record("c-1", effective_at=moment)])
+    with sqlite3.connect(db_path) as raw:
+        row = raw.execute(
+            "SELECT effective_at, expires_at, allowed_principals, requires_signature FROM chunks"
+        ).fetchone()
+    assert row == ("0999-03-04T04:06:07.500000Z", None, '["group:support"]', 0)
+
+
+def test_every_status_round_trips(store: SqliteStore) -> None:
+    records = [record(f"c-{status}", status=status) for status in Status]
+    store.upsert(records)
+    assert run(store, [r.chunk_id for r in records]) == {r.chunk_id: r for r in records}
+
+
+def test_absent_ids_are_left_out(store: SqliteStore) -> None:
+    store.upsert([record("c-1")])
+    assert run(store, ["c-1", "nope", "c-1"]) == {"c-1": record("c-1")}
+    assert run(store, ["nope"]) == {}
+    assert run(store, []) == {}
+
+
+def test_fetch_is_one_query_per_900_ids(store: SqliteStore) -> None:
+    records = [record(f"c-{n}") for n in range(2000)]
+    store.upsert(records)
+    statements: list[str] = []
+    store._reader.set_trace_callback(statements.append)
+    ids = [r.chunk_id for r in records] + ["absent-1", "absent-2"]
+    assert len(run(store, ids)) == 2000
+    selects = [s for s in statements if s.startswith("SELECT")]
+    assert len(selects) == 3  # 2002 ids: 900 + 900 + 202
+    statements.clear()
+    assert len(run(store, ids[:50])) == 50
+    assert [s.split()[0] for s in statements] == ["SELECT"]
+
+
+def test_upsert_replaces_existing_records(store: SqliteStore) -> None:
+    store.upsert([record("c-1"), record("c-2")])
+    store.upsert([record("c-1", status=Status.REVOKED)])
+    fetched = run(store, ["c-1", "c-2"])
+    assert fetched["c-1"].status is Status.REVOKED
+    assert fetched["c-2"] == record("c-2")
+
+
+def test_upsert_is_all_or_none(store: SqliteStore) -> None:
+    store.upsert([record("c-1")])
+    batch = [
+        record("c-1", status=Status.REVOKED),
+        record("c-2"),
+        record("c-3", sha256="NOT-A-HASH"),  # violates the table's CHECK constraint
+    ]
+    with pytest.raises(ValueError, match="nothing was written"):
+        store.upsert(batch)
+    assert run(store, ["c-1", "c-2", "c-3"]) == {"c-1": record("c-1")}
+    store.upsert([record("c-2")])  # the writer is usable after the rollback
+    assert set(run(store, ["c-2"])) == {"c-2"}
+
+
+def test_upsert_refuses_naive_timestamps(store: SqliteStore) -> None:
+    batch = [record("c-1"), record("c-2", expires_at=datetime(2026, 1, 1))]
+    with pytest.raises(ValueError, match="no time zone"):
+        store.upsert(batch)
+    assert run(store, ["c-1", "c-2"]) == {}
+
+
+def test_invalid_file_loads_nothing(tmp_path: Path, store: SqliteStore) -> None:
+    text = CHUNKS_JSONL.replace('"status": "approved"', '"status": "live"')
+    with pytest.raises(RecordsInvalid):
+        store.upsert(load_fixture(tmp_path, text))
+    assert run(store, ["c-1", "c-2"]) == {}
+
+
+def test_data_survives_reopening(db_path: Path) -> None:
+    first = SqliteStore(db_path)
+    first.upsert([record("c-1")])
+    first.close()
+    second = SqliteStore(db_path)
+    try:
+        assert run(second, ["c-1"]) == {"c-1": record("c-1")}
+    finally:
+        second.close()
+    with sqlite3.connect(db_path) as raw:
+        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+        assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_unknown_schema_version_is_refused(db_path: Path) -> None:
+    SqliteStore(db_path).close()
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("UPDATE schema_version SET version = 99")
+    with pytest.raises(StoreUnavailable, match="schema version 99"):
+        SqliteStore(db_path)
+
+
+def test_unopenable_file_is_store_unavailable(tmp_path: Path) -> None:
+    not_a_db = tmp_path / "notes.txt"
+    not_a_db.write_text("this is not a database, just some text " * 100)
+    with pytest.raises(StoreUnavailable, match="cannot open"):
+        SqliteStore(not_a_db)
+    with pytest.raises(StoreUnavailable, match="cannot open"):
+        SqliteStore(tmp_path / "missing-dir" / "meta.db")
+
+
+def test_sqlite_errors_during_fetch_are_store_unavailable(
+    db_path: Path, store: SqliteStore
+) -> None:
+    store.upsert([record("c-1", text="secret chunk text")])
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("DROP TABLE chunks")
+    with pytest.raises(StoreUnavailable) as caught:
+        run(store, ["c-1"])
+    assert "secret" not in str(caught.value)
+
+
+def test_fetch_after_close_is_store_unavailable(db_path: Path) -> None:
+    store = SqliteStore(db_path)
+    store.close()
+    with pytest.raises(StoreUnavailable):
+        run(store, ["c-1"])
+    with pytest.raises(StoreUnavailable):
+        store.upsert([record("c-1")])
+
+
+def test_undecodable_row_makes_only_that_chunk_missing(
+    db_path: Path, store: SqliteStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    store.upsert([record("c-1"), record("c-2", text="secret chunk text")])
+    with sqlite3.connect(db_path) as raw:
+        # Someone bypasses the CHECK constraints while editing by hand.
+        raw.execute("PRAGMA ignore_check_constraints = ON")
+        raw.execute("UPDATE chunks SET allowed_principals = '[1]' WHERE chunk_id = 'c-2'")
+    with caplog.at_level(logging.WARNING, logger="sidecar.metadata.sqlite"):
+        assert run(store, ["c-1", "c-2"]) == {"c-1": record("c-1")}
+    [message] = [r.getMessage() for r in caplog.records]
+    assert "'c-2'" in message
+    assert "allowed_principals" in message
+    assert "secret" not in message
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("status", "'published'"),
+        ("effective_at", "'yesterday'"),
+        ("expires_at", "'2026-01-01T00:00:00'"),
+        ("requires_signature", "2"),
+        ("allowed_principals", "'not json'"),
+        ("doc_id", "X'6869'"),  # a BLOB, not text
+    ],
+)
+def test_each_bad_column_is_detected(
+    db_path: Path, store: SqliteStore, column: str, value: str
+) -> None:
+    store.upsert([record("c-1")])
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("PRAGMA ignore_check_constraints = ON")
+        raw.execute(f"UPDATE chunks SET {column} = {value}")
+    assert run(store, ["c-1"]) == {}
+
+
+def test_upsert_from_another_thread_is_seen_by_fetch(store: SqliteStore) -> None:
+    worker = threading.Thread(target=store.upsert, args=([record("c-1")],))
+    worker.start()
+    worker.join()
+    assert run(store, ["c-1"]) == {"c-1": record("c-1")}
+
+
+def test_open_store_relative_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = open_store("sqlite:///relative.db")
+    try:
+        store.upsert([record("c-1")])
+    finally:
+        store.close()
+    assert (tmp_path / "relative.db").is_file()
+
+
+def test_open_store_absolute_path(tmp_path: Path) -> None:
+    path = tmp_path / "absolute.db"
+    assert str(path).startswith("/")
+    store = open_store(f"sqlite:///{path}")  # three slashes + "/tmp/...": four in all
+    try:
+        assert isinstance(store, SqliteStore)
+    finally:
+        store.close()
+    assert path.is_file()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("postgresql://gate:s3cret@db/gate", "'postgresql'.*not supported yet"),
+        ("mysql://db/gate", "unsupported metadata store URL scheme 'mysql'"),
+        ("/var/lib/gate/meta.db", "no scheme"),
+        ("sqlite://meta.db", "three slashes"),
+        ("sqlite:///", "names no file"),
+        ("sqlite:///:memory:", "in-memory"),
+        ("sqlite:///meta.db?mode=ro", "query parameters"),
+    ],
+)
+def test_open_store_rejects(url: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as caught:
+        open_store(url)
+    assert "s3cret" not in str(caught.value)
