@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ from sidecar.config import ConfigError, IdentityMode, Mode, Settings, load_setti
 from sidecar.envoy.bootstrap import Upstream
 from sidecar.envoy.process import EnvoyError
 from sidecar.metadata.open import open_store
+from sidecar.metadata.store import StoreUnavailable
 from sidecar.records import RecordsInvalid, load_jsonl
 from sidecar.server import Sidecar, SidecarServer, split_host_port
 
@@ -58,8 +60,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         await server.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        import signal
-
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         await stop.wait()
@@ -95,12 +95,17 @@ def _cmd_store_load(args: argparse.Namespace) -> int:
     except RecordsInvalid as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    store = open_store(args.store)
     try:
-        count = store.upsert(records)
-    finally:
-        store.close()
-    print(f"loaded {count} records from {args.file} into {args.store}")
+        store = open_store(args.store)
+        try:
+            count = store.upsert(records)
+        finally:
+            store.close()
+    except (ValueError, StoreUnavailable) as exc:
+        print(f"error: nothing loaded: {exc}", file=sys.stderr)
+        return 1
+    # The store URL is not echoed: it may carry a password.
+    print(f"loaded {count} records from {args.file}")
     return 0
 
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Collection, Iterable, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -14,24 +12,10 @@ from sidecar.metadata.cache import CachedStore, Lookup
 from sidecar.metadata.sqlite import SqliteStore
 from sidecar.metadata.store import StoreUnavailable
 from sidecar.records import ChunkRecord, Status
+from tests.fixtures.records import chunk_record as record
 
 TTL = 30.0
 NEGATIVE_TTL = 5.0
-
-
-def record(chunk_id: str, **changes: object) -> ChunkRecord:
-    base = ChunkRecord(
-        chunk_id=chunk_id,
-        doc_id="doc",
-        version="1",
-        tenant_id="acme",
-        allowed_principals=("group:support",),
-        status=Status.APPROVED,
-        effective_at=datetime(2025, 1, 1, tzinfo=UTC),
-        expires_at=None,
-        sha256="ab" * 32,
-    )
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
 class FakeClock:

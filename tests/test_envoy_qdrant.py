@@ -244,3 +244,20 @@ def test_payload_id_field(tmp_path: Path) -> None:
         assert [h["payload"]["chunk_id"] for h in response.json()["result"]] == ["sop-1"]
     finally:
         gate.stop()
+
+
+def test_body_larger_than_grpc_default_limit_is_filtered(tmp_path: Path) -> None:
+    # 5 MiB is over gRPC's default 4 MiB message limit: the configured limit must apply.
+    records = [record_dict(str(i)) for i in range(1, 6)]
+    gate = GateStack(tmp_path, records, max_body_bytes=8 * 1024 * 1024).start()
+    try:
+        padding = "x" * (1024 * 1024)
+        points = [qb.point(i, text_for(str(i)), padding=padding) for i in range(1, 6)]
+        points.append(qb.point(99, "not in the store", padding=padding))
+        route = serve(gate, "search", points)
+        response = gate.search(route.path)
+        assert response.status == 200, response.body[:200]
+        assert len(response.body) > 4 * 1024 * 1024
+        assert [hit["id"] for hit in response.json()["result"]] == [1, 2, 3, 4, 5]
+    finally:
+        gate.stop()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import sqlite3
 import threading
@@ -17,8 +16,7 @@ from sidecar.metadata.open import open_store
 from sidecar.metadata.sqlite import SCHEMA_VERSION, SqliteStore
 from sidecar.metadata.store import MetadataStore, StoreUnavailable
 from sidecar.records import ChunkRecord, RecordsInvalid, Status, load_jsonl
-
-SHA = "ab" * 32
+from tests.fixtures.records import chunk_record as record
 
 CHUNKS_JSONL = """\
 {"chunk_id": "c-1", "doc_id": "refunds", "version": "3", "tenant_id": "acme", "allowed_principals": ["group:support", "user:ann"], "status": "approved", "effective_at": "2025-01-01T09:00:00+09:00", "expires_at": null, "sha256": "03b2b5e9cd5bab6f5e4a3d0e2f0ca5c52fb6fa43b2e7dd0fea2b4e2d1c9b4a5d", "source_uri": "https://docs.example/refunds", "requires_signature": true}
@@ -29,21 +27,6 @@ CHUNKS_JSONL = """\
 
 def run(store: MetadataStore, ids: Collection[str]) -> Mapping[str, ChunkRecord]:
     return asyncio.run(store.fetch(ids))
-
-
-def record(chunk_id: str, **changes: object) -> ChunkRecord:
-    base = ChunkRecord(
-        chunk_id=chunk_id,
-        doc_id="doc",
-        version="1",
-        tenant_id="acme",
-        allowed_principals=("group:support",),
-        status=Status.APPROVED,
-        effective_at=datetime(2025, 1, 1, tzinfo=UTC),
-        expires_at=None,
-        sha256=SHA,
-    )
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
 @pytest.fixture

@@ -1,0 +1,169 @@
+"""The ext_proc servicer spoken to directly over gRPC, for what Envoy rarely sends.
+
+Envoy-driven behaviour is covered in test_envoy_qdrant.py; these cases feed
+the stream messages a misconfigured Envoy (or a bug) could produce and check
+that every one of them ends in an error answer, never in "continue".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import orjson
+import pytest
+from google.protobuf import struct_pb2
+
+from sidecar.config import IdentityMode, Settings
+from sidecar.envoy.ext_proc import IDENTITY_NAMESPACE, ExternalProcessorServicer
+from sidecar.formats import Route
+from sidecar.records import parse_record
+from sidecar.server import Sidecar
+from sidecar.wire import envoy_core_pb2 as core
+from sidecar.wire import ext_proc_pb2 as ext_proc
+from sidecar.wire import ext_proc_pb2_grpc as ext_proc_grpc
+from tests.fixtures import qdrant_bodies as qb
+from tests.fixtures.records import record_dict, text_for
+
+SEARCH = "/collections/docs/points/search"
+
+
+def headers(**values: str) -> core.HeaderMap:
+    return core.HeaderMap(
+        headers=[
+            core.HeaderValue(key=k.replace("_", "-").replace("colon-", ":"), raw_value=v.encode())
+            for k, v in values.items()
+        ]
+    )
+
+
+def request_headers(path: str, *, identity: bool = True) -> ext_proc.ProcessingRequest:
+    message = ext_proc.ProcessingRequest(
+        request_headers=ext_proc.HttpHeaders(
+            headers=headers(colon_method="POST", colon_path=path, x_request_id="req-1")
+        )
+    )
+    if identity:
+        metadata = struct_pb2.Struct()
+        metadata.update({"tenant": "acme", "principals": ["group:qa"]})
+        message.metadata_context.filter_metadata[IDENTITY_NAMESPACE].CopyFrom(metadata)
+    return message
+
+
+def response_headers(status: str = "200", **extra: str) -> ext_proc.ProcessingRequest:
+    return ext_proc.ProcessingRequest(
+        response_headers=ext_proc.HttpHeaders(headers=headers(colon_status=status, **extra))
+    )
+
+
+def response_body(body: bytes, *, end: bool = True) -> ext_proc.ProcessingRequest:
+    return ext_proc.ProcessingRequest(response_body=ext_proc.HttpBody(body=body, end_of_stream=end))
+
+
+def run_stream(
+    sidecar: Sidecar, messages: Sequence[ext_proc.ProcessingRequest]
+) -> list[ext_proc.ProcessingResponse]:
+    async def go() -> list[ext_proc.ProcessingResponse]:
+        server = grpc.aio.server()
+        ext_proc_grpc.add_ExternalProcessorServicer_to_server(
+            ExternalProcessorServicer(sidecar.response_filter), server
+        )
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = ext_proc_grpc.ExternalProcessorStub(channel)
+                return [answer async for answer in stub.Process(iter(messages))]
+        finally:
+            await server.stop(0)
+
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def sidecar(tmp_path: Path) -> Sidecar:
+    settings = replace(
+        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        audit_log=tmp_path / "audit.jsonl",
+    )
+    built = Sidecar.from_settings(settings)
+    built.store.upsert([parse_record(record_dict("1")), parse_record(record_dict("2"))])
+    return built
+
+
+BODY = qb.encode(qb.search_body([qb.point(1, text_for("1")), qb.point(3, "unknown chunk")]))
+
+
+def test_filtered_body_replaces_content_length_and_adds_decision_headers(
+    sidecar: Sidecar,
+) -> None:
+    answers = run_stream(
+        sidecar, [request_headers(SEARCH), response_headers(), response_body(BODY)]
+    )
+    assert answers[0].request_headers.response.header_mutation.remove_headers == ["accept-encoding"]
+    assert not answers[1].HasField("mode_override")
+    common = answers[2].response_body.response
+    new_body = common.body_mutation.body
+    assert [h["id"] for h in orjson.loads(new_body)["result"]] == [1]
+    set_headers = {
+        o.header.key: o.header.raw_value.decode() for o in common.header_mutation.set_headers
+    }
+    assert set_headers["content-length"] == str(len(new_body))
+    assert set_headers["x-retrieval-gate-admitted"] == "1"
+    assert set_headers["x-retrieval-gate-rejected"] == "1"
+
+
+def test_search_route_without_identity_metadata_is_refused(sidecar: Sidecar) -> None:
+    (answer,) = run_stream(sidecar, [request_headers(SEARCH, identity=False)])
+    assert answer.immediate_response.status.code == 401
+
+
+def test_non_search_route_asks_envoy_not_to_send_the_body(sidecar: Sidecar) -> None:
+    answers = run_stream(
+        sidecar, [request_headers("/collections/docs", identity=False), response_headers()]
+    )
+    assert answers[1].HasField("mode_override")
+    assert answers[1].mode_override.response_body_mode == answers[1].mode_override.NONE
+
+
+def test_upstream_error_status_is_not_inspected(sidecar: Sidecar) -> None:
+    answers = run_stream(sidecar, [request_headers(SEARCH), response_headers("503")])
+    assert answers[1].HasField("mode_override")
+    assert not answers[1].HasField("immediate_response")
+
+
+def test_body_in_parts_is_an_error_not_a_pass(sidecar: Sidecar) -> None:
+    answers = run_stream(
+        sidecar,
+        [request_headers(SEARCH), response_headers(), response_body(BODY[:10], end=False)],
+    )
+    assert answers[2].immediate_response.status.code == 500
+
+
+def test_compressed_search_response_is_502(sidecar: Sidecar) -> None:
+    answers = run_stream(
+        sidecar, [request_headers(SEARCH), response_headers(content_encoding="br")]
+    )
+    assert answers[1].immediate_response.status.code == 502
+
+
+def test_unexpected_failure_answers_500(sidecar: Sidecar) -> None:
+    class Exploding:
+        name = "exploding"
+
+        def handles(self, route: Route) -> bool:
+            return True
+
+        def parse(self, body: bytes, route: Route) -> object:
+            raise RuntimeError("bug")
+
+    sidecar.response_filter._formats = [Exploding()]  # type: ignore[list-item]
+    answers = run_stream(
+        sidecar, [request_headers(SEARCH), response_headers(), response_body(BODY)]
+    )
+    assert answers[-1].immediate_response.status.code == 500
+    assert b"unknown chunk" not in answers[-1].immediate_response.body

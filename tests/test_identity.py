@@ -1,0 +1,92 @@
+"""Trusted-headers identity and the ext_authz servicer (called directly over gRPC)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from google.protobuf import json_format
+
+from sidecar.envoy.ext_authz import AuthorizationServicer
+from sidecar.identity import Caller, IdentityError, TrustedHeaders
+from sidecar.wire import ext_authz_pb2 as authz
+from sidecar.wire import ext_authz_pb2_grpc as authz_grpc
+
+
+def test_trusted_headers_make_a_caller() -> None:
+    caller = TrustedHeaders().identify(
+        {"x-gate-tenant": " acme ", "x-gate-principals": "user:alice, group:qa,,"}
+    )
+    assert caller == Caller("acme", frozenset({"user:alice", "group:qa"}))
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"x-gate-tenant": "acme"}, {"x-gate-principals": "user:a"}, {"x-gate-tenant": " "}],
+)
+def test_incomplete_trusted_headers_are_refused(headers: dict[str, str]) -> None:
+    with pytest.raises(IdentityError) as raised:
+        TrustedHeaders().identify(headers)
+    assert raised.value.code == "identity_missing"
+
+
+def test_metadata_round_trip_and_defects() -> None:
+    caller = Caller("acme", frozenset({"user:alice"}))
+    assert Caller.from_metadata(caller.to_metadata()) == caller
+    for broken in (
+        {},
+        {"tenant": "acme"},
+        {"tenant": "", "principals": ["a"]},
+        {"tenant": "acme", "principals": "user:alice"},
+    ):
+        with pytest.raises(IdentityError):
+            Caller.from_metadata(broken)
+
+
+def test_principals_digest_ignores_order_and_hides_names() -> None:
+    a = Caller("t", frozenset({"user:alice", "group:qa"}))
+    b = Caller("t", frozenset({"group:qa", "user:alice"}))
+    assert a.principals_digest() == b.principals_digest()
+    assert "alice" not in a.principals_digest()
+
+
+async def _check_async(headers: dict[str, str]) -> authz.CheckResponse:
+    server = grpc.aio.server()
+    authz_grpc.add_AuthorizationServicer_to_server(AuthorizationServicer(TrustedHeaders()), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            request = authz.CheckRequest()
+            request.attributes.request.http.headers.update(headers)
+            response: authz.CheckResponse = await authz_grpc.AuthorizationStub(channel).Check(
+                request
+            )
+            return response
+    finally:
+        await server.stop(0)
+
+
+def check(headers: dict[str, str]) -> authz.CheckResponse:
+    """Call Check on a real grpc.aio server hosting the servicer."""
+    return asyncio.run(_check_async(headers))
+
+
+def test_check_allows_and_carries_identity_as_dynamic_metadata() -> None:
+    response = check({"x-gate-tenant": "acme", "x-gate-principals": "user:alice,group:qa"})
+    assert response.status.code == 0
+    assert json_format.MessageToDict(response.dynamic_metadata) == {
+        "tenant": "acme",
+        "principals": ["group:qa", "user:alice"],
+    }
+    assert set(response.ok_response.headers_to_remove) == {"x-gate-tenant", "x-gate-principals"}
+
+
+def test_check_denies_401_without_identity() -> None:
+    response = check({"x-gate-tenant": "acme"})
+    assert response.status.code == 16
+    assert response.WhichOneof("http_response") == "denied_response"
+    assert response.denied_response.status.code == 401
+    assert response.denied_response.body == '{"error":"identity_missing"}'
+    assert not response.HasField("dynamic_metadata")
