@@ -19,12 +19,19 @@ import rego.v1
 # cost (tens of microseconds) per rule referenced in an evaluation.
 reasons := {c.id: sort((checks - passed) | status_denials) |
 	checks := {"TENANT_MISMATCH", "PRINCIPAL_MISMATCH", "NOT_YET_EFFECTIVE", "EXPIRED"}
-	status_reasons := {
-		"draft": "STATUS_DRAFT",
-		"superseded": "STATUS_SUPERSEDED",
-		"revoked": "STATUS_REVOKED",
-		"quarantined": "STATUS_QUARANTINED",
-	}
+
+	# Drafts are admitted only for a caller whose verified identity allows them:
+	# exactly the boolean true, so that "true", 1 or a missing flag deny.
+	admitted_drafts := {"draft" | input.caller.drafts_allowed == true}
+	status_reasons := object.remove(
+		{
+			"draft": "STATUS_DRAFT",
+			"superseded": "STATUS_SUPERSEDED",
+			"revoked": "STATUS_REVOKED",
+			"quarantined": "STATUS_QUARANTINED",
+		},
+		admitted_drafts,
+	)
 
 	# Any other status, or none, is POLICY_DENY: only "approved" admits.
 	known_statuses := {"approved", "draft", "superseded", "revoked", "quarantined"}

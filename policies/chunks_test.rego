@@ -182,6 +182,70 @@ test_string_now if {
 	chunks.reasons.c1 == ["NOT_YET_EFFECTIVE"] with input as {"caller": caller, "now_ns": "now", "chunks": [good]}
 }
 
+# Drafts: admitted only when caller.drafts_allowed is exactly true
+
+draft := object.union(good, {"status": "draft"})
+
+# The reasons for `chunk` (id c1) read by the default caller with `fields` added.
+reasons_for_caller_with(chunk, fields) := reasons if {
+	reasons := chunks.reasons.c1 with input as {
+		"caller": object.union(caller, fields),
+		"now_ns": now,
+		"chunks": [chunk],
+	}
+}
+
+# The reasons for `chunk` (id c1) read by the default caller with drafts allowed.
+reasons_with_drafts(chunk) := reasons_for_caller_with(chunk, {"drafts_allowed": true})
+
+test_draft_admitted_when_drafts_allowed if reasons_with_drafts(draft) == []
+
+test_draft_denied_when_drafts_not_allowed if {
+	reasons_for_caller_with(draft, {"drafts_allowed": false}) == ["STATUS_DRAFT"]
+}
+
+test_draft_denied_without_drafts_allowed if reasons_for(draft) == ["STATUS_DRAFT"]
+
+test_draft_denied_when_drafts_allowed_is_null if {
+	reasons_for_caller_with(draft, {"drafts_allowed": null}) == ["STATUS_DRAFT"]
+}
+
+test_draft_denied_when_drafts_allowed_is_a_string if {
+	reasons_for_caller_with(draft, {"drafts_allowed": "true"}) == ["STATUS_DRAFT"]
+}
+
+test_draft_denied_when_drafts_allowed_is_a_number if {
+	reasons_for_caller_with(draft, {"drafts_allowed": 1}) == ["STATUS_DRAFT"]
+}
+
+test_draft_denied_when_drafts_allowed_is_an_array if {
+	reasons_for_caller_with(draft, {"drafts_allowed": [true]}) == ["STATUS_DRAFT"]
+}
+
+test_drafts_allowed_outside_caller_is_ignored if {
+	chunks.reasons.c1 == ["STATUS_DRAFT"] with input as {
+		"caller": caller,
+		"drafts_allowed": true,
+		"now_ns": now,
+		"chunks": [draft],
+	}
+}
+
+test_draft_other_checks_still_apply if {
+	other_tenant_expired := object.union(draft, {"tenant_id": "globex", "expires_at_ns": now})
+	reasons_with_drafts(other_tenant_expired) == ["EXPIRED", "TENANT_MISMATCH"]
+}
+
+test_drafts_allowed_admits_no_other_status if {
+	reasons_with_drafts(object.union(good, {"status": "superseded"})) == ["STATUS_SUPERSEDED"]
+}
+
+test_drafts_allowed_does_not_widen_status_case if {
+	reasons_with_drafts(object.union(good, {"status": "Draft"})) == ["POLICY_DENY"]
+}
+
+test_drafts_allowed_keeps_approved_admitted if reasons_with_drafts(good) == []
+
 # Batches
 
 test_batch_has_an_entry_per_chunk if {
@@ -200,6 +264,24 @@ test_batch_has_an_entry_per_chunk if {
 			object.union(good, {"id": "other-tenant", "tenant_id": "globex"}),
 			object.union(good, {"id": "expired-draft", "status": "draft", "expires_at_ns": now}),
 			{"id": "bare"},
+		],
+	}
+}
+
+test_batch_with_drafts_allowed if {
+	chunks.reasons == {
+		"ok": [],
+		"draft": [],
+		"expired-draft": ["EXPIRED"],
+		"revoked": ["STATUS_REVOKED"],
+	} with input as {
+		"caller": object.union(caller, {"drafts_allowed": true}),
+		"now_ns": now,
+		"chunks": [
+			object.union(good, {"id": "ok"}),
+			object.union(good, {"id": "draft", "status": "draft"}),
+			object.union(good, {"id": "expired-draft", "status": "draft", "expires_at_ns": now}),
+			object.union(good, {"id": "revoked", "status": "revoked"}),
 		],
 	}
 }

@@ -25,6 +25,8 @@ class Mode(StrEnum):
 
 
 class IdentityMode(StrEnum):
+    JWT = "jwt"  # the sidecar verifies the bearer token
+    ENVOY_JWT = "envoy-jwt"  # Envoy's jwt_authn verifies it; the sidecar reads the payload
     TRUSTED_HEADERS = "trusted-headers"  # development only: x-gate-tenant / x-gate-principals
 
 
@@ -35,16 +37,53 @@ def default_policy_dir() -> Path:
 
 
 @dataclass(frozen=True)
+class RouteOptions:
+    """Per-route overrides (a path prefix in ``routes``); None keeps the global value."""
+
+    mode: Mode | None = None
+    tenant_key: str | None = None
+    push_down: bool | None = None
+    overfetch_factor: float | None = None
+
+
+@dataclass(frozen=True)
+class RoutePolicy:
+    """What applies to one request path once the route overrides are resolved."""
+
+    mode: Mode
+    tenant_key: str | None  # None: no tenant filter is injected upstream
+    overfetch_factor: float  # <= 1: no over-fetch
+
+
+@dataclass(frozen=True)
 class Settings:
     identity: IdentityMode | None = None
     store: str = "sqlite:///retrieval-gate.db"
     mode: Mode = Mode.ENFORCE
-    # Longest matching path prefix wins, e.g. {"/collections/sops/": "strict"}.
-    route_modes: dict[str, Mode] = field(default_factory=dict)
     text_field: str = "text"
     id_field: str | None = None
     policy_dir: Path = field(default_factory=default_policy_dir)
+    policy_data: Path | None = None  # JSON document loaded as Rego `data`
     custom_reasons: tuple[str, ...] = ()
+    # Identity: JWT verification (identity jwt) and Envoy's jwt_authn (envoy-jwt).
+    jwks: str | None = None  # file path or http(s) URL
+    jwt_public_key: Path | None = None
+    jwt_hmac_secret_file: Path | None = None
+    issuer: str | None = None
+    audience: str | None = None
+    jwt_leeway_seconds: float = 30.0
+    tenant_claim: str = "tenant"
+    principal_claims: dict[str, str] = field(
+        default_factory=lambda: {"sub": "user", "groups": "group", "roles": "role"}
+    )
+    drafts_scope: str | None = None
+    # Request path: push the caller's tenant down into the vector DB query and
+    # over-fetch so that filtering does not return short pages.
+    tenant_key: str | None = None  # payload field holding the tenant; None: no push-down
+    overfetch_factor: float = 1.0
+    overfetch_cap: int = 1000
+    # Longest matching path prefix wins, e.g. {"/collections/sops/": RouteOptions(mode=STRICT)}.
+    routes: dict[str, RouteOptions] = field(default_factory=dict)
     cache_ttl_seconds: float = 30.0
     cache_size: int = 100_000
     negative_cache_ttl_seconds: float = 5.0
@@ -62,13 +101,57 @@ class Settings:
         """Body limit plus room for headers and metadata in the same message."""
         return self.max_body_bytes + 256 * 1024
 
-    def mode_for(self, path: str) -> Mode:
-        """The mode for a request path: the longest matching route prefix, else the default."""
-        best = ""
-        for prefix in self.route_modes:
-            if path.startswith(prefix) and len(prefix) > len(best):
-                best = prefix
-        return self.route_modes[best] if best else self.mode
+    def route_policy(self, path: str) -> RoutePolicy:
+        """Mode, push-down and over-fetch for a request path (longest route prefix wins)."""
+        best = max((p for p in self.routes if path.startswith(p)), key=len, default=None)
+        options = self.routes[best] if best is not None else RouteOptions()
+        push_down = options.push_down if options.push_down is not None else True
+        tenant_key = options.tenant_key or self.tenant_key
+        return RoutePolicy(
+            mode=options.mode or self.mode,
+            tenant_key=tenant_key if push_down else None,
+            overfetch_factor=(
+                options.overfetch_factor
+                if options.overfetch_factor is not None
+                else self.overfetch_factor
+            ),
+        )
+
+
+_POSITIVE_INTS = (
+    "cache_size",
+    "negative_cache_size",
+    "max_body_bytes",
+    "message_timeout_ms",
+    "overfetch_cap",
+)
+_NON_NEGATIVE_FLOATS = ("cache_ttl_seconds", "negative_cache_ttl_seconds", "jwt_leeway_seconds")
+_PATHS = ("policy_dir", "policy_data", "audit_log", "jwt_public_key", "jwt_hmac_secret_file")
+
+
+def _factor(value: Any) -> float:
+    number = float(value)
+    if number < 1:
+        raise ValueError("must be >= 1 (1 disables over-fetch)")
+    return number
+
+
+def _route_options(value: Any) -> RouteOptions:
+    if not isinstance(value, dict):
+        raise TypeError("each route must be a table")
+    unknown = set(value) - {f.name for f in fields(RouteOptions)}
+    if unknown:
+        raise ValueError(f"unknown route option {sorted(unknown)[0]!r}")
+    push_down = value.get("push_down")
+    if push_down is not None and not isinstance(push_down, bool):
+        raise TypeError("push_down must be true or false")
+    factor = value.get("overfetch_factor")
+    return RouteOptions(
+        mode=Mode(value["mode"]) if "mode" in value else None,
+        tenant_key=value.get("tenant_key"),
+        push_down=push_down,
+        overfetch_factor=None if factor is None else _factor(factor),
+    )
 
 
 def _convert(name: str, value: Any) -> Any:
@@ -77,22 +160,30 @@ def _convert(name: str, value: Any) -> Any:
             return None if value is None else IdentityMode(value)
         if name == "mode":
             return Mode(value)
-        if name == "route_modes":
+        if name == "routes":
             if not isinstance(value, dict):
-                raise TypeError("must be a table of path prefix = mode")
-            return {str(prefix): Mode(mode) for prefix, mode in value.items()}
-        if name in ("policy_dir", "audit_log"):
+                raise TypeError("must be a table of path prefix = {options}")
+            return {str(prefix): _route_options(options) for prefix, options in value.items()}
+        if name == "principal_claims":
+            if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) and k and v for k, v in value.items()
+            ):
+                raise TypeError("must be a table of claim = principal prefix")
+            return dict(value)
+        if name in _PATHS:
             return None if value is None else Path(value)
         if name == "custom_reasons":
             if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
                 raise TypeError("must be a list of strings")
             return tuple(value)
-        if name in ("cache_ttl_seconds", "negative_cache_ttl_seconds"):
+        if name == "overfetch_factor":
+            return _factor(value)
+        if name in _NON_NEGATIVE_FLOATS:
             number = float(value)
             if number < 0:
                 raise ValueError("must be >= 0")
             return number
-        if name in ("cache_size", "negative_cache_size", "max_body_bytes", "message_timeout_ms"):
+        if name in _POSITIVE_INTS:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError("must be a positive integer")
             return value
@@ -101,6 +192,23 @@ def _convert(name: str, value: Any) -> Any:
         return value
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"setting {name!r}: {exc}") from exc
+
+
+def _check_identity(settings: Settings) -> None:
+    if settings.identity is None:
+        raise ConfigError(
+            "setting 'identity' is required (--identity); available: "
+            + ", ".join(m.value for m in IdentityMode)
+        )
+    if settings.identity in (IdentityMode.JWT, IdentityMode.ENVOY_JWT):
+        keys = [settings.jwks, settings.jwt_public_key, settings.jwt_hmac_secret_file]
+        if sum(k is not None for k in keys) != 1:
+            raise ConfigError(
+                f"identity {settings.identity.value!r} needs exactly one of --jwks, "
+                "--jwt-public-key, --jwt-hmac-secret-file"
+            )
+        if not settings.issuer or not settings.audience:
+            raise ConfigError(f"identity {settings.identity.value!r} needs --issuer and --audience")
 
 
 def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
@@ -121,9 +229,5 @@ def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = N
         if value is not None:
             values[name] = _convert(name, value)
     settings = replace(Settings(), **values)
-    if settings.identity is None:
-        raise ConfigError(
-            "setting 'identity' is required (--identity); available: "
-            + ", ".join(m.value for m in IdentityMode)
-        )
+    _check_identity(settings)
     return settings

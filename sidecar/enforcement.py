@@ -20,8 +20,15 @@ from datetime import UTC, datetime
 import orjson
 
 from sidecar.audit import AuditError, AuditSink
-from sidecar.config import Mode
-from sidecar.formats import MalformedBody, ResponseFormat, Route, detect
+from sidecar.config import Mode, RoutePolicy
+from sidecar.formats import (
+    MalformedBody,
+    RequestRewrite,
+    RequestRewriter,
+    ResponseFormat,
+    Route,
+    detect,
+)
 from sidecar.gate import Gate, Verdict
 from sidecar.identity import Caller
 from sidecar.metadata.cache import CachedStore
@@ -71,7 +78,8 @@ class ResponseFilter:
         gate: Gate,
         audit: AuditSink,
         metrics: GateMetrics,
-        mode_for: Callable[[str], Mode],
+        route_policy: Callable[[str], RoutePolicy],
+        overfetch_cap: int = 1000,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._formats = formats
@@ -79,12 +87,36 @@ class ResponseFilter:
         self._gate = gate
         self._audit = audit
         self._metrics = metrics
-        self._mode_for = mode_for
+        self._route_policy = route_policy
+        self._overfetch_cap = overfetch_cap
         self._clock = clock
 
     def format_for(self, route: Route) -> ResponseFormat | None:
         """The format whose responses on ``route`` must be filtered, or None to pass them."""
         return detect(route, self._formats)
+
+    def rewriter_for(self, fmt: ResponseFormat, route: Route) -> RequestRewriter | None:
+        """The format's request rewriter when this route pushes the tenant down or over-fetches."""
+        policy = self._route_policy(route.path)
+        if policy.tenant_key is None and policy.overfetch_factor <= 1:
+            return None
+        if not isinstance(fmt, RequestRewriter) or not fmt.rewrites_request(route):
+            return None
+        return fmt
+
+    def rewrite_request(
+        self, rewriter: RequestRewriter, route: Route, caller: Caller, body: bytes
+    ) -> RequestRewrite:
+        """Inject the caller's tenant filter and over-fetch; raises MalformedRequest."""
+        policy = self._route_policy(route.path)
+        return rewriter.rewrite_request(
+            body,
+            route,
+            tenant=caller.tenant,
+            tenant_key=policy.tenant_key,
+            overfetch_factor=policy.overfetch_factor,
+            overfetch_cap=self._overfetch_cap,
+        )
 
     def count_passthrough(self, format_name: str) -> None:
         """Count a response on a route the gate does not inspect (or an upstream error)."""
@@ -92,7 +124,7 @@ class ResponseFilter:
 
     def reject_unreadable(self, fmt: ResponseFormat, route: Route, why: str) -> FilterResult:
         """Answer for a search response the gate cannot read (e.g. compressed): 502."""
-        mode = self._mode_for(route.path)
+        mode = self._route_policy(route.path).mode
         log.warning("unreadable %s response on a search route: %s", fmt.name, why)
         if mode is Mode.AUDIT:
             self._metrics.responses.labels(Outcome.PASSTHROUGH, fmt.name).inc()
@@ -107,26 +139,20 @@ class ResponseFilter:
         caller: Caller,
         request_id: str,
         body: bytes,
+        rewrite: RequestRewrite | None = None,
     ) -> FilterResult:
-        """Decide one successful search response body."""
+        """Decide one successful search response body.
+
+        ``rewrite`` is what the request path did to the query, if anything: its
+        limits trim over-fetched results back to what the application asked for.
+        """
         started = time.perf_counter()
-        mode = self._mode_for(route.path)
+        mode = self._route_policy(route.path).mode
         decision_id = uuid.uuid4().hex
         try:
             parsed = fmt.parse(body, route)
         except MalformedBody as exc:
-            log.warning("malformed %s body on %s: %s", fmt.name, route.path, exc)
-            self._write_audit(
-                self._record(decision_id, request_id, caller, fmt, mode, None, started)
-                | {"outcome": Outcome.ERROR, "error": "upstream_body_malformed"}
-            )
-            if mode is Mode.AUDIT:
-                self._metrics.responses.labels(Outcome.PASSTHROUGH, fmt.name).inc()
-                return FilterResult(Outcome.PASSTHROUGH, 200, None)
-            self._metrics.responses.labels(Outcome.ERROR, fmt.name).inc()
-            return FilterResult(
-                Outcome.ERROR, 502, _error_body("upstream_body_malformed", decision_id)
-            )
+            return self._malformed(exc, fmt, route, caller, request_id, mode, decision_id, started)
 
         candidates = parsed.candidates
         ids = {c.chunk_id for c in candidates if c.chunk_id is not None and c.text is not None}
@@ -137,13 +163,22 @@ class ResponseFilter:
         if verdict.policy_failed:
             self._metrics.policy_errors.inc()
 
-        outcome, status, new_body = self._apply_mode(mode, verdict, parsed.render)
+        limits = rewrite.limits if rewrite is not None and rewrite.overfetched else None
+        try:
+            outcome, status, new_body = self._apply_mode(
+                mode, verdict, lambda keep: parsed.render(keep, limits), trims=limits is not None
+            )
+        except MalformedBody as exc:
+            # E.g. fewer sub-results than the rewritten request had sub-queries.
+            return self._malformed(exc, fmt, route, caller, request_id, mode, decision_id, started)
         headers = {
             "x-retrieval-gate-decision-id": decision_id,
             "x-retrieval-gate-admitted": str(verdict.admitted_count),
             "x-retrieval-gate-rejected": str(verdict.rejected_count),
         }
         record = self._record(decision_id, request_id, caller, fmt, mode, verdict, started)
+        record["tenant_filter"] = rewrite is not None and rewrite.tenant_filter
+        record["overfetched"] = limits is not None
         try:
             self._write_audit(record | {"outcome": outcome})
         except AuditError:
@@ -165,13 +200,43 @@ class ResponseFilter:
             )
         return FilterResult(outcome, 200, new_body, headers)
 
+    def _malformed(
+        self,
+        exc: MalformedBody,
+        fmt: ResponseFormat,
+        route: Route,
+        caller: Caller,
+        request_id: str,
+        mode: Mode,
+        decision_id: str,
+        started: float,
+    ) -> FilterResult:
+        log.warning("malformed %s body on %s: %s", fmt.name, route.path, exc)
+        self._write_audit(
+            self._record(decision_id, request_id, caller, fmt, mode, None, started)
+            | {"outcome": Outcome.ERROR, "error": "upstream_body_malformed"}
+        )
+        if mode is Mode.AUDIT:
+            self._metrics.responses.labels(Outcome.PASSTHROUGH, fmt.name).inc()
+            return FilterResult(Outcome.PASSTHROUGH, 200, None)
+        self._metrics.responses.labels(Outcome.ERROR, fmt.name).inc()
+        return FilterResult(Outcome.ERROR, 502, _error_body("upstream_body_malformed", decision_id))
+
     @staticmethod
     def _apply_mode(
-        mode: Mode, verdict: Verdict, render: Callable[[frozenset[int]], bytes]
+        mode: Mode,
+        verdict: Verdict,
+        render: Callable[[frozenset[int]], bytes],
+        *,
+        trims: bool,
     ) -> tuple[str, int, bytes | None]:
         if mode is Mode.AUDIT:
-            return Outcome.PASSTHROUGH, 200, None
+            # Over-fetched results still go back to the asked-for size.
+            all_positions = frozenset(d.position for d in verdict.decisions)
+            return Outcome.PASSTHROUGH, 200, render(all_positions) if trims else None
         if verdict.rejected_count == 0:
+            if trims:
+                return Outcome.FILTERED, 200, render(verdict.admitted_positions)
             return Outcome.FILTERED, 200, None
         if mode is Mode.STRICT:
             return Outcome.BLOCKED, 403, None

@@ -68,7 +68,11 @@ class Verdict:
 def policy_input(caller: Caller, records: Sequence[ChunkRecord], now: datetime) -> dict[str, Any]:
     """Build the policy input document (contract in policies/README.md)."""
     return {
-        "caller": {"tenant": caller.tenant, "principals": sorted(caller.principals)},
+        "caller": {
+            "tenant": caller.tenant,
+            "principals": sorted(caller.principals),
+            "drafts_allowed": caller.drafts_allowed,
+        },
         "now_ns": to_epoch_ns(now),
         "chunks": [
             {

@@ -8,20 +8,27 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import orjson
 from prometheus_client import start_http_server
 
+from sidecar.access import RequestAccess
 from sidecar.audit import AuditSink, JsonlAuditSink, NullAuditSink
-from sidecar.config import IdentityMode, Settings
+from sidecar.config import ConfigError, IdentityMode, Settings
 from sidecar.enforcement import ResponseFilter
 from sidecar.envoy.ext_authz import AuthorizationServicer
 from sidecar.envoy.ext_proc import ExternalProcessorServicer
 from sidecar.formats import QdrantFormat, ResponseFormat
 from sidecar.gate import Gate
-from sidecar.identity import IdentityProvider, TrustedHeaders
+from sidecar.identity import IdentityProvider
+from sidecar.identity.claims import ClaimMapping
+from sidecar.identity.envoy_jwt import EnvoyJwtPayload
+from sidecar.identity.headers import TrustedHeaders
+from sidecar.identity.jwt import JwtBearer, JwtVerifier, key_source
 from sidecar.metadata.cache import CachedStore
 from sidecar.metadata.open import open_store
 from sidecar.metrics import GateMetrics
 from sidecar.policy.regorus_engine import RegorusEngine
+from sidecar.policy.request_policy import RequestPolicy
 from sidecar.reasons import ReasonOrder
 from sidecar.wire import ext_authz_pb2_grpc, ext_proc_pb2_grpc
 
@@ -37,13 +44,48 @@ def split_host_port(value: str) -> tuple[str, int]:
 
 
 def build_identity(settings: Settings) -> IdentityProvider:
+    """The identity provider for the configured mode."""
     if settings.identity is IdentityMode.TRUSTED_HEADERS:
         log.warning(
             "identity mode 'trusted-headers' believes x-gate-tenant and x-gate-principals "
             "as sent by the client: for development only, never in production"
         )
         return TrustedHeaders()
-    raise ValueError(f"unsupported identity mode {settings.identity!r}")
+    mapping = ClaimMapping(
+        tenant_claim=settings.tenant_claim,
+        principal_claims=settings.principal_claims,
+        drafts_scope=settings.drafts_scope,
+    )
+    assert settings.issuer is not None and settings.audience is not None  # load_settings
+    if settings.identity is IdentityMode.ENVOY_JWT:
+        return EnvoyJwtPayload(mapping, issuer=settings.issuer, audience=settings.audience)
+    if settings.identity is IdentityMode.JWT:
+        keys = key_source(
+            jwks=settings.jwks,
+            public_key=settings.jwt_public_key,
+            hmac_secret_file=settings.jwt_hmac_secret_file,
+        )
+        verifier = JwtVerifier(
+            keys,
+            issuer=settings.issuer,
+            audience=settings.audience,
+            leeway_seconds=settings.jwt_leeway_seconds,
+        )
+        return JwtBearer(verifier, mapping)
+    raise ConfigError(f"unsupported identity mode {settings.identity!r}")
+
+
+def load_policy_data(settings: Settings) -> dict[str, Any] | None:
+    """The --policy-data JSON document, or None."""
+    if settings.policy_data is None:
+        return None
+    try:
+        document = orjson.loads(settings.policy_data.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise ConfigError(f"policy data {settings.policy_data}: {exc}") from exc
+    if not isinstance(document, dict):
+        raise ConfigError(f"policy data {settings.policy_data}: must be a JSON object")
+    return document
 
 
 def build_formats(settings: Settings) -> Sequence[ResponseFormat]:
@@ -59,7 +101,7 @@ class Sidecar:
     store: CachedStore
     audit: AuditSink
     response_filter: ResponseFilter
-    identity: IdentityProvider
+    access: RequestAccess
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Sidecar:
@@ -72,7 +114,9 @@ class Sidecar:
             negative_maxsize=settings.negative_cache_size,
             observer=metrics,
         )
-        policy = RegorusEngine.from_directory(settings.policy_dir)
+        data = load_policy_data(settings)
+        policy = RegorusEngine.from_directory(settings.policy_dir, data=data)
+        request_policy = RequestPolicy.from_directory(settings.policy_dir, data=data)
         gate = Gate(policy, ReasonOrder(settings.custom_reasons))
         audit: AuditSink
         if settings.audit_log is None:
@@ -86,10 +130,12 @@ class Sidecar:
             gate=gate,
             audit=audit,
             metrics=metrics,
-            mode_for=settings.mode_for,
+            route_policy=settings.route_policy,
+            overfetch_cap=settings.overfetch_cap,
         )
         log.info("policy %s loaded from %s", policy.version, settings.policy_dir)
-        return cls(settings, metrics, store, audit, response_filter, build_identity(settings))
+        access = RequestAccess(build_identity(settings), request_policy)
+        return cls(settings, metrics, store, audit, response_filter, access)
 
     def close(self) -> None:
         self.audit.close()
@@ -111,7 +157,7 @@ class SidecarServer:
             ExternalProcessorServicer(sidecar.response_filter), self._grpc
         )
         ext_authz_pb2_grpc.add_AuthorizationServicer_to_server(
-            AuthorizationServicer(sidecar.identity), self._grpc
+            AuthorizationServicer(sidecar.access), self._grpc
         )
         self._metrics_server: Any = None
 

@@ -16,13 +16,13 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from sidecar.config import IdentityMode, Settings
+from sidecar.config import load_settings
 from sidecar.demo.upstream import FixtureUpstream
 from sidecar.envoy.bootstrap import Upstream, build_bootstrap
 from sidecar.envoy.process import envoy_command, read_admin_address
@@ -159,11 +159,7 @@ class GateStack:
         self.sidecar.wait()
 
     def _start_envoy(self) -> None:
-        settings = replace(
-            Settings(identity=IdentityMode.TRUSTED_HEADERS),
-            grpc_listen=f"unix:{self.socket}",
-            max_body_bytes=int(self._config["max_body_bytes"]),
-        )
+        settings = load_settings(None, dict(self._config))
         bootstrap = build_bootstrap(
             settings,
             listen=("127.0.0.1", self.listen_port),

@@ -18,15 +18,15 @@ def test_file_then_flags(tmp_path: Path) -> None:
     config = tmp_path / "gate.toml"
     config.write_text(
         'identity = "trusted-headers"\nmode = "audit"\ncache_ttl_seconds = 5\n'
-        '[route_modes]\n"/collections/sops/" = "strict"\n'
+        '[routes."/collections/sops/"]\nmode = "strict"\n'
     )
     settings = load_settings(config, {"mode": "enforce", "store": None})
     assert settings.identity is IdentityMode.TRUSTED_HEADERS
     assert settings.mode is Mode.ENFORCE  # the flag wins over the file
     assert settings.cache_ttl_seconds == 5.0
     assert settings.store == "sqlite:///retrieval-gate.db"  # None flags leave the default
-    assert settings.mode_for("/collections/sops/points/search") is Mode.STRICT
-    assert settings.mode_for("/collections/other/points/search") is Mode.ENFORCE
+    assert settings.route_policy("/collections/sops/points/search").mode is Mode.STRICT
+    assert settings.route_policy("/collections/other/points/search").mode is Mode.ENFORCE
 
 
 def test_longest_route_prefix_wins() -> None:
@@ -34,11 +34,14 @@ def test_longest_route_prefix_wins() -> None:
         None,
         {
             "identity": "trusted-headers",
-            "route_modes": {"/collections/": "audit", "/collections/sops/": "strict"},
+            "routes": {
+                "/collections/": {"mode": "audit"},
+                "/collections/sops/": {"mode": "strict"},
+            },
         },
     )
-    assert settings.mode_for("/collections/sops/points/query") is Mode.STRICT
-    assert settings.mode_for("/collections/x/points/query") is Mode.AUDIT
+    assert settings.route_policy("/collections/sops/points/query").mode is Mode.STRICT
+    assert settings.route_policy("/collections/x/points/query").mode is Mode.AUDIT
 
 
 @pytest.mark.parametrize(
@@ -61,3 +64,49 @@ def test_bad_settings_are_named(tmp_path: Path, text: str, message: str) -> None
 def test_grpc_limit_exceeds_body_limit() -> None:
     settings = load_settings(None, {"identity": "trusted-headers", "max_body_bytes": 1024})
     assert settings.grpc_max_message_bytes > settings.max_body_bytes
+
+
+def test_route_policy_resolves_push_down_and_overfetch() -> None:
+    settings = load_settings(
+        None,
+        {
+            "identity": "trusted-headers",
+            "tenant_key": "tenant_id",
+            "overfetch_factor": 2,
+            "routes": {
+                "/collections/public/": {"push_down": False, "overfetch_factor": 1},
+                "/collections/legacy/": {"tenant_key": "owner"},
+            },
+        },
+    )
+    default = settings.route_policy("/collections/docs/points/search")
+    assert (default.tenant_key, default.overfetch_factor) == ("tenant_id", 2.0)
+    public = settings.route_policy("/collections/public/points/search")
+    assert (public.tenant_key, public.overfetch_factor) == (None, 1.0)
+    assert settings.route_policy("/collections/legacy/points/query").tenant_key == "owner"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"identity": "jwt", "issuer": "i", "audience": "a"}, "exactly one of --jwks"),
+        (
+            {
+                "identity": "envoy-jwt",
+                "jwks": "k.json",
+                "jwt_public_key": "k.pem",
+                "issuer": "i",
+                "audience": "a",
+            },
+            "exactly one of --jwks",
+        ),
+        ({"identity": "jwt", "jwks": "k.json", "audience": "a"}, "needs --issuer and --audience"),
+        ({"identity": "trusted-headers", "overfetch_factor": 0.5}, "'overfetch_factor'"),
+        ({"identity": "trusted-headers", "routes": {"/x/": {"mod": "audit"}}}, "'mod'"),
+    ],
+)
+def test_identity_and_route_settings_are_checked(
+    overrides: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(None, overrides)

@@ -64,3 +64,37 @@ def test_generated_bootstrap_fails_closed() -> None:
 def test_upstream_url_errors(bad: str) -> None:
     with pytest.raises(ValueError, match="upstream"):
         Upstream.parse(bad)
+
+
+@pytest.mark.parametrize("keys", ["jwks_file", "jwks_url", "pem", "hmac"])
+def test_envoy_jwt_bootstrap_is_valid(tmp_path: Path, keys: str) -> None:
+    from tests.fixtures import tokens
+
+    key = tokens.KeyPair.ec()
+    options: dict[str, object] = {"issuer": tokens.ISSUER, "audience": tokens.AUDIENCE}
+    if keys == "jwks_file":
+        (tmp_path / "jwks.json").write_text(json.dumps(tokens.jwks(key)))
+        options["jwks"] = str(tmp_path / "jwks.json")
+    elif keys == "jwks_url":
+        options["jwks"] = "https://idp.example.com/.well-known/jwks.json"
+    elif keys == "pem":
+        (tmp_path / "key.pem").write_bytes(key.public_pem())
+        options["jwt_public_key"] = tmp_path / "key.pem"
+    else:
+        (tmp_path / "secret").write_bytes(tokens.hmac_secret())
+        options["jwt_hmac_secret_file"] = tmp_path / "secret"
+    settings = Settings(identity=IdentityMode.ENVOY_JWT, **options)  # type: ignore[arg-type]
+    bootstrap = build_bootstrap(
+        settings, listen=("127.0.0.1", 16335), upstream=Upstream.parse("http://127.0.0.1:6333")
+    )
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    names = [f["name"] for f in hcm["typed_config"]["http_filters"]]
+    assert names[:3] == [
+        "envoy.filters.http.jwt_authn",
+        "envoy.filters.http.ext_authz",
+        "envoy.filters.http.ext_proc",
+    ]
+    config = tmp_path / "envoy.json"
+    config.write_text(json.dumps(bootstrap))
+    done = validate(config)
+    assert done.returncode == 0, done.stdout + done.stderr

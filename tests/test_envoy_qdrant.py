@@ -57,7 +57,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GateStack]:
     gate = GateStack(
         tmp_path_factory.mktemp("stack"),
         corpus_records(),
-        config={"route_modes": {"/collections/strict/": "strict", "/collections/audit/": "audit"}},
+        config={
+            "routes": {
+                "/collections/strict/": {"mode": "strict"},
+                "/collections/audit/": {"mode": "audit"},
+            }
+        },
     ).start()
     yield gate
     gate.stop()

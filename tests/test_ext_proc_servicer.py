@@ -167,3 +167,65 @@ def test_unexpected_failure_answers_500(sidecar: Sidecar) -> None:
     )
     assert answers[-1].immediate_response.status.code == 500
     assert b"unknown chunk" not in answers[-1].immediate_response.body
+
+
+@pytest.fixture
+def pushing_sidecar(tmp_path: Path) -> Sidecar:
+    settings = replace(
+        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        tenant_key="tenant_id",
+        overfetch_factor=2.0,
+    )
+    built = Sidecar.from_settings(settings)
+    built.store.upsert([parse_record(record_dict("1"))])
+    return built
+
+
+def request_body(body: bytes, *, end: bool = True) -> ext_proc.ProcessingRequest:
+    return ext_proc.ProcessingRequest(request_body=ext_proc.HttpBody(body=body, end_of_stream=end))
+
+
+def test_search_request_body_gets_the_tenant_filter(pushing_sidecar: Sidecar) -> None:
+    answers = run_stream(
+        pushing_sidecar,
+        [request_headers(SEARCH), request_body(b'{"vector":[0.1],"limit":3}')],
+    )
+    assert answers[0].mode_override.request_body_mode == answers[0].mode_override.BUFFERED
+    assert answers[0].mode_override.response_body_mode == answers[0].mode_override.BUFFERED
+    common = answers[1].request_body.response
+    sent = orjson.loads(common.body_mutation.body)
+    assert sent["filter"] == {"must": [{"key": "tenant_id", "match": {"value": "acme"}}]}
+    assert sent["limit"] == 6
+    lengths = [o.header.raw_value for o in common.header_mutation.set_headers]
+    assert lengths == [str(len(common.body_mutation.body)).encode()]
+
+
+def test_malformed_search_request_is_400(pushing_sidecar: Sidecar) -> None:
+    answers = run_stream(pushing_sidecar, [request_headers(SEARCH), request_body(b"{nope")])
+    assert answers[1].immediate_response.status.code == 400
+
+
+def test_request_body_in_parts_is_an_error(pushing_sidecar: Sidecar) -> None:
+    answers = run_stream(
+        pushing_sidecar, [request_headers(SEARCH), request_body(b'{"limit":', end=False)]
+    )
+    assert answers[1].immediate_response.status.code == 500
+
+
+def test_response_that_does_not_match_the_rewritten_batch_is_502(
+    pushing_sidecar: Sidecar,
+) -> None:
+    batch = "/collections/docs/points/search/batch"
+    two_searches = b'{"searches":[{"vector":[0.1],"limit":2},{"vector":[0.2],"limit":2}]}'
+    one_result = qb.encode(qb.batch_body([[qb.point(1, text_for("1"))]]))
+    answers = run_stream(
+        pushing_sidecar,
+        [
+            request_headers(batch),
+            request_body(two_searches),
+            response_headers(),
+            response_body(one_result),
+        ],
+    )
+    assert answers[-1].immediate_response.status.code == 502

@@ -356,6 +356,98 @@ def test_null_lookup_is_not_a_candidate() -> None:
     assert orjson.loads(parsed.render({0})) == body
 
 
+# -- trimming to the app's limits ------------------------------------------------
+
+
+def _sub_results(suffix: str, count: int) -> list[range]:
+    """Hit positions of each sub-result of a ``_build`` body."""
+    if suffix.endswith("/batch"):
+        return [range(count // 2), range(count // 2, count)]
+    return [range(count)]
+
+
+def _trimmed(
+    suffix: str, count: int, keep: Collection[int], limits: Sequence[int | None]
+) -> set[int]:
+    """The oracle for ``render(keep, limits)``: the kept positions that survive
+    trimming, in ``_build``'s layout (groups are consecutive pairs)."""
+    survivors: set[int] = set()
+    for positions, limit in zip(_sub_results(suffix, count), limits, strict=True):
+        if suffix.endswith("/groups"):
+            pairs = [[p for p in positions[i : i + 2] if p in keep] for i in range(0, count, 2)]
+            survivors.update(p for pair in [pair for pair in pairs if pair][:limit] for p in pair)
+        else:
+            survivors.update([p for p in positions if p in keep][:limit])
+    return survivors
+
+
+TRIMMABLE = sorted(set(SUFFIXES) - {"{id}"})
+
+
+def _filtered_with_limits(
+    body: Body, suffix: str, keep: Collection[int], limits: Sequence[int | None]
+) -> Body:
+    out = _parse(body, suffix).render(keep, limits)
+    RESPONSE_MODELS[suffix].model_validate_json(out)
+    decoded: Body = orjson.loads(out)
+    return decoded
+
+
+def test_render_trims_to_k_in_rank_order() -> None:
+    # k=5 asked, 10 fetched, 3 of the first 5 rejected: the first 5 admitted.
+    hits = [point(i, f"text {i}", score=1 - i / 100) for i in range(10)]
+    parsed = _parse(search_body(hits), "search")
+    out = orjson.loads(parsed.render(set(range(10)) - {0, 2, 4}, (5,)))
+    assert [hit["id"] for hit in out["result"]] == [1, 3, 5, 6, 7]
+
+
+@pytest.mark.parametrize("suffix", TRIMMABLE)
+@pytest.mark.parametrize("keep", [set(range(6)), {1, 2, 4, 5}, {0}, set()])
+@pytest.mark.parametrize("limit", [0, 1, 2, 5, None])
+def test_render_trims_every_sub_result(suffix: str, keep: set[int], limit: int | None) -> None:
+    limits = [limit] * len(_sub_results(suffix, len(POINTS)))
+    out = _filtered_with_limits(_build(suffix, POINTS), suffix, keep, limits)
+    assert out == _build(suffix, POINTS, _trimmed(suffix, len(POINTS), keep, limits))
+
+
+@pytest.mark.parametrize("suffix", ["search/batch", "query/batch", "discover/batch"])
+def test_render_trims_each_batch_entry_to_its_own_limit(suffix: str) -> None:
+    # Positions 0-2 are the first request's hits, 3-5 the second's.
+    out = _filtered_with_limits(_build(suffix, POINTS), suffix, {0, 2, 3, 4, 5}, (1, None))
+    assert out == _build(suffix, POINTS, {0, 3, 4, 5})
+
+
+def test_render_limit_counts_groups_that_keep_hits() -> None:
+    body = _groups_with_lookups()
+    # Group "a" loses both hits and drops out; "b" and "c" are the first two left.
+    filtered = _filtered_with_limits(body, "search/groups", {2, 3, 4, 5, 6}, (2,))
+    assert filtered["result"]["groups"] == [
+        body["result"]["groups"][1],
+        body["result"]["groups"][2],
+    ]
+    # The limit counts groups, never the hits inside one.
+    filtered = _filtered_with_limits(body, "search/groups", set(range(7)), (1,))
+    assert filtered["result"]["groups"] == [body["result"]["groups"][0]]
+
+
+@pytest.mark.parametrize("limits", [None, (), [None]])
+def test_render_without_limits_trims_nothing(limits: Sequence[int | None] | None) -> None:
+    body = _build("query", POINTS)
+    assert orjson.loads(_parse(body, "query").render(range(6), limits)) == body
+
+
+@pytest.mark.parametrize(
+    ("suffix", "limits"),
+    [("search", (5, 5)), ("query/batch", (5,)), ("query/batch", (5, 5, 5)), ("scroll", (1, 2))],
+)
+def test_render_refuses_limits_for_other_sub_results(
+    suffix: str, limits: Sequence[int | None]
+) -> None:
+    parsed = _parse(_build(suffix, POINTS), suffix)
+    with pytest.raises(MalformedBody, match="sub-results"):
+        parsed.render(range(6), limits)
+
+
 # -- candidate fields ---------------------------------------------------------
 
 
@@ -553,6 +645,20 @@ def _groups(draw: st.DrawFn) -> list[tuple[list[Point], Point | None]]:
         )
         for _ in range(draw(st.integers(min_value=0, max_value=4)))
     ]
+
+
+@_SETTINGS
+@given(suffix=st.sampled_from(TRIMMABLE), points=_points(min_size=1), data=st.data())
+def test_property_render_trims_to_limits(
+    suffix: str, points: list[Point], data: st.DataObject
+) -> None:
+    keep = data.draw(st.sets(st.integers(min_value=0, max_value=len(points) - 1)))
+    limits = [
+        data.draw(st.none() | st.integers(min_value=0, max_value=len(points)))
+        for _ in _sub_results(suffix, len(points))
+    ]
+    out = _filtered_with_limits(_build(suffix, points), suffix, keep, limits)
+    assert out == _build(suffix, points, _trimmed(suffix, len(points), keep, limits))
 
 
 @_SETTINGS

@@ -233,7 +233,11 @@ def test_policy_input_uses_integer_nanoseconds_and_one_entry_per_record() -> Non
     assert document["now_ns"] == to_epoch_ns(NOW) == 1780315200000000000
     assert chunk["effective_at_ns"] == to_epoch_ns(EFFECTIVE)
     assert isinstance(chunk["expires_at_ns"], int)
-    assert document["caller"] == {"tenant": "acme", "principals": ["group:qa", "user:alice"]}
+    assert document["caller"] == {
+        "tenant": "acme",
+        "principals": ["group:qa", "user:alice"],
+        "drafts_allowed": False,
+    }
 
 
 def test_policy_is_evaluated_once_per_response() -> None:

@@ -8,16 +8,21 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
+from sidecar.access import RequestAccess, collection_of
 from sidecar.envoy.ext_authz import AuthorizationServicer
-from sidecar.identity import Caller, IdentityError, TrustedHeaders
+from sidecar.identity import AuthRequest, Caller, IdentityError
+from sidecar.identity.headers import TrustedHeaders
 from sidecar.wire import ext_authz_pb2 as authz
 from sidecar.wire import ext_authz_pb2_grpc as authz_grpc
 
 
+def identify(headers: dict[str, str]) -> Caller:
+    request = AuthRequest(method="POST", path="/collections/c/points/search", headers=headers)
+    return asyncio.run(TrustedHeaders().identify(request))
+
+
 def test_trusted_headers_make_a_caller() -> None:
-    caller = TrustedHeaders().identify(
-        {"x-gate-tenant": " acme ", "x-gate-principals": "user:alice, group:qa,,"}
-    )
+    caller = identify({"x-gate-tenant": " acme ", "x-gate-principals": "user:alice, group:qa,,"})
     assert caller == Caller("acme", frozenset({"user:alice", "group:qa"}))
 
 
@@ -27,7 +32,7 @@ def test_trusted_headers_make_a_caller() -> None:
 )
 def test_incomplete_trusted_headers_are_refused(headers: dict[str, str]) -> None:
     with pytest.raises(IdentityError) as raised:
-        TrustedHeaders().identify(headers)
+        identify(headers)
     assert raised.value.code == "identity_missing"
 
 
@@ -53,12 +58,15 @@ def test_principals_digest_ignores_order_and_hides_names() -> None:
 
 async def _check_async(headers: dict[str, str]) -> authz.CheckResponse:
     server = grpc.aio.server()
-    authz_grpc.add_AuthorizationServicer_to_server(AuthorizationServicer(TrustedHeaders()), server)
+    access = RequestAccess(TrustedHeaders(), request_policy=None)
+    authz_grpc.add_AuthorizationServicer_to_server(AuthorizationServicer(access), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             request = authz.CheckRequest()
+            request.attributes.request.http.method = "POST"
+            request.attributes.request.http.path = "/collections/docs/points/search?wait=true"
             request.attributes.request.http.headers.update(headers)
             response: authz.CheckResponse = await authz_grpc.AuthorizationStub(channel).Check(
                 request
@@ -79,8 +87,22 @@ def test_check_allows_and_carries_identity_as_dynamic_metadata() -> None:
     assert json_format.MessageToDict(response.dynamic_metadata) == {
         "tenant": "acme",
         "principals": ["group:qa", "user:alice"],
+        "drafts_allowed": False,
     }
     assert set(response.ok_response.headers_to_remove) == {"x-gate-tenant", "x-gate-principals"}
+
+
+def test_every_client_sent_gate_header_is_stripped() -> None:
+    response = check(
+        {"x-gate-tenant": "acme", "x-gate-principals": "user:a", "x-gate-admin": "yes"}
+    )
+    assert "x-gate-admin" in response.ok_response.headers_to_remove
+
+
+def test_collection_of_paths() -> None:
+    assert collection_of("/collections/sops/points/search") == "sops"
+    assert collection_of("/collections/sops") == "sops"
+    assert collection_of("/cluster") is None
 
 
 def test_check_denies_401_without_identity() -> None:

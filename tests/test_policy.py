@@ -236,6 +236,96 @@ def test_consecutive_evaluations_do_not_share_state(engine: RegorusEngine) -> No
     assert engine.evaluate(make_input(make_chunk("b"))) == {"b": []}
 
 
+# Drafts
+
+
+@pytest.mark.parametrize(
+    ("drafts_allowed", "expected"),
+    [
+        (True, []),
+        (False, ["STATUS_DRAFT"]),
+        (None, ["STATUS_DRAFT"]),
+        ("true", ["STATUS_DRAFT"]),
+        (1, ["STATUS_DRAFT"]),
+        ([True], ["STATUS_DRAFT"]),
+    ],
+    ids=repr,
+)
+def test_a_draft_is_admitted_only_when_drafts_allowed_is_true(
+    engine: RegorusEngine, drafts_allowed: Any, expected: list[str]
+) -> None:
+    caller = {**CALLER, "drafts_allowed": drafts_allowed}
+    assert reasons_of(engine, make_chunk(status="draft"), caller=caller) == expected
+
+
+def test_a_draft_is_denied_without_drafts_allowed(engine: RegorusEngine) -> None:
+    assert "drafts_allowed" not in CALLER
+    assert reasons_of(engine, make_chunk(status="draft")) == ["STATUS_DRAFT"]
+
+
+def test_drafts_allowed_keeps_every_other_check(engine: RegorusEngine) -> None:
+    caller = {**CALLER, "drafts_allowed": True}
+    chunks = [
+        make_chunk("approved"),
+        make_chunk("draft", status="draft"),
+        make_chunk("expired-draft", status="draft", expires_at_ns=NOW, tenant_id="globex"),
+        make_chunk("revoked", status="revoked"),
+        make_chunk("Draft", status="Draft"),
+    ]
+    assert engine.evaluate(make_input(*chunks, caller=caller)) == {
+        "approved": [],
+        "draft": [],
+        "expired-draft": ["EXPIRED", "TENANT_MISMATCH"],
+        "revoked": ["STATUS_REVOKED"],
+        "Draft": ["POLICY_DENY"],
+    }
+
+
+# Policy data
+
+DATA = {"retrieval_gate": {"collections": {"sops": {"tenants": ["acme"]}}}}
+
+
+def test_the_chunk_policy_takes_policy_data(engine: RegorusEngine) -> None:
+    with_data = RegorusEngine.from_directory(default_policy_dir(), data=DATA)
+    chunks = [make_chunk("a"), make_chunk("b", status="draft", tenant_id="globex")]
+    assert with_data.evaluate(make_input(*chunks)) == engine.evaluate(make_input(*chunks))
+    assert with_data.version != engine.version
+
+
+# Every chunk gets the reasons listed in data.retrieval_gate.extra.
+EXTRA_REASONS_POLICY = {
+    "p.rego": (
+        "package retrieval_gate.chunks\n\nimport rego.v1\n\n"
+        "reasons := {c.id: [r | some r in data.retrieval_gate.extra] | some c in input.chunks}\n"
+    )
+}
+
+
+def test_policy_data_is_visible_to_the_policy() -> None:
+    engine = RegorusEngine(EXTRA_REASONS_POLICY, data={"retrieval_gate": {"extra": ["X_CUSTOM"]}})
+    assert engine.evaluate(make_input(make_chunk())) == {"c1": ["X_CUSTOM"]}
+
+
+def test_policy_data_is_copied_at_load() -> None:
+    data = {"retrieval_gate": {"extra": ["X_CUSTOM"]}}
+    engine = RegorusEngine(EXTRA_REASONS_POLICY, data=data)
+    version = engine.version
+    data["retrieval_gate"]["extra"] = ["CHANGED"]
+    # A new thread compiles its own engine, after the change.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        result = pool.submit(engine.evaluate, make_input(make_chunk())).result()
+    assert result == {"c1": ["X_CUSTOM"]}
+    assert engine.version == version
+
+
+def test_policy_data_cannot_replace_the_chunk_rule() -> None:
+    # regorus would return this data instead of evaluating the rule.
+    data: dict[str, Any] = {"retrieval_gate": {"chunks": {"reasons": {"c1": []}}}}
+    with pytest.raises(PolicyError, match=r"data\.retrieval_gate\.chunks"):
+        RegorusEngine.from_directory(default_policy_dir(), data=data)
+
+
 # Version
 
 
@@ -258,6 +348,15 @@ def test_version_changes_when_a_policy_file_changes(
 def test_version_ignores_test_files(engine: RegorusEngine, policy_dir: Path) -> None:
     (policy_dir / "chunks_test.rego").write_text("this is not Rego", encoding="utf-8")
     assert RegorusEngine.from_directory(policy_dir).version == engine.version
+
+
+def test_version_covers_the_request_policy_loaded_beside(
+    engine: RegorusEngine, policy_dir: Path
+) -> None:
+    (policy_dir / "request.rego").unlink()
+    only_chunks = RegorusEngine.from_directory(policy_dir)
+    assert only_chunks.version != engine.version
+    assert only_chunks.evaluate(make_input(make_chunk())) == {"c1": []}
 
 
 # Load-time errors

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from sidecar.config import Settings
+from sidecar.config import IdentityMode, Settings
+from sidecar.envoy.jwt_authn import NAMESPACE as JWT_NAMESPACE
+from sidecar.envoy.jwt_authn import jwks_cluster, jwt_authn_filter
 
 _TYPE = "type.googleapis.com/"
 SIDECAR_CLUSTER = "retrieval_gate_sidecar"
@@ -56,7 +58,9 @@ def _http_filters(settings: Settings) -> list[dict[str, Any]]:
         "envoy_grpc": {"cluster_name": SIDECAR_CLUSTER},
         "timeout": _seconds(settings.message_timeout_ms),
     }
+    verify_jwt = [jwt_authn_filter(settings)] if settings.identity is IdentityMode.ENVOY_JWT else []
     return [
+        *verify_jwt,
         {
             "name": "envoy.filters.http.ext_authz",
             "typed_config": {
@@ -66,6 +70,8 @@ def _http_filters(settings: Settings) -> list[dict[str, Any]]:
                 # Sidecar down or slow: refuse the request (503), never let it through.
                 "failure_mode_allow": False,
                 "status_on_error": {"code": "ServiceUnavailable"},
+                # The verified token payload from jwt_authn (envoy-jwt identity).
+                "metadata_context_namespaces": [JWT_NAMESPACE],
             },
         },
         {
@@ -175,6 +181,7 @@ def build_bootstrap(
             ],
             "clusters": [
                 _upstream_cluster(upstream),
+                *([cluster] if (cluster := jwks_cluster(settings)) else []),
                 {
                     "name": SIDECAR_CLUSTER,
                     "type": "STATIC",

@@ -1,8 +1,10 @@
 """Envoy external authorization servicer: the request path.
 
-Establishes who the caller is and hands that to the response path as Envoy
-dynamic metadata (namespace ``envoy.filters.http.ext_authz``), which Envoy
-forwards to ext_proc. Headers are never the carrier: a client could set them.
+Translates a CheckRequest into an :class:`~sidecar.identity.AuthRequest`, lets
+:class:`~sidecar.access.RequestAccess` decide, and answers with the caller as
+Envoy dynamic metadata (namespace ``envoy.filters.http.ext_authz``, which Envoy
+forwards to ext_proc) or with a 401/403. Headers are never the carrier: a
+client could set them.
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ from __future__ import annotations
 import logging
 
 import grpc
-from google.protobuf import struct_pb2
+import orjson
+from google.protobuf import json_format, struct_pb2
 
-from sidecar.identity import IdentityError, IdentityProvider
+from sidecar.access import AccessDenied, RequestAccess
+from sidecar.identity import AuthRequest
+from sidecar.wire import envoy_core_pb2 as core
 from sidecar.wire import envoy_http_status_pb2 as http_status
 from sidecar.wire import ext_authz_pb2 as authz
 from sidecar.wire import ext_authz_pb2_grpc as authz_grpc
@@ -21,32 +26,61 @@ log = logging.getLogger(__name__)
 
 # gRPC status codes Envoy reads from CheckResponse.status.
 _OK = 0
+_PERMISSION_DENIED = 7
 _UNAUTHENTICATED = 16
 
 
+def auth_request(request: authz.CheckRequest) -> AuthRequest:
+    """The protocol-free view of a CheckRequest."""
+    http = request.attributes.request.http
+    metadata = {
+        namespace: json_format.MessageToDict(value)
+        for namespace, value in request.attributes.metadata_context.filter_metadata.items()
+    }
+    return AuthRequest(
+        method=http.method,
+        path=http.path.split("?", 1)[0],
+        headers={k.lower(): v for k, v in http.headers.items()},
+        metadata=metadata,
+    )
+
+
+def _denied(exc: AccessDenied) -> authz.CheckResponse:
+    body: dict[str, object] = {"error": exc.code}
+    if exc.reasons:
+        body["reasons"] = list(exc.reasons)
+    return authz.CheckResponse(
+        status=authz.RpcStatus(
+            code=_UNAUTHENTICATED if exc.status == 401 else _PERMISSION_DENIED, message=exc.code
+        ),
+        denied_response=authz.DeniedHttpResponse(
+            status=http_status.HttpStatus(code=exc.status),  # type: ignore[arg-type]
+            headers=[
+                core.HeaderValueOption(
+                    header=core.HeaderValue(key="content-type", raw_value=b"application/json")
+                )
+            ],
+            body=orjson.dumps(body).decode(),
+        ),
+    )
+
+
 class AuthorizationServicer(authz_grpc.AuthorizationServicer):
-    def __init__(self, identity: IdentityProvider) -> None:
-        self._identity = identity
+    def __init__(self, access: RequestAccess) -> None:
+        self._access = access
 
     async def Check(
         self, request: authz.CheckRequest, context: grpc.aio.ServicerContext
     ) -> authz.CheckResponse:
-        headers = {k.lower(): v for k, v in request.attributes.request.http.headers.items()}
         try:
-            caller = self._identity.identify(headers)
-        except IdentityError as exc:
-            log.info("request refused: %s", exc.code)
-            return authz.CheckResponse(
-                status=authz.RpcStatus(code=_UNAUTHENTICATED, message=exc.code),
-                denied_response=authz.DeniedHttpResponse(
-                    status=http_status.HttpStatus(code=http_status.Unauthorized),
-                    body=f'{{"error":"{exc.code}"}}',
-                ),
-            )
+            admission = await self._access.admit(auth_request(request))
+        except AccessDenied as exc:
+            log.info("request refused: %s %s", exc.status, exc.code)
+            return _denied(exc)
         metadata = struct_pb2.Struct()
-        metadata.update(caller.to_metadata())
+        metadata.update(admission.caller.to_metadata())
         return authz.CheckResponse(
             status=authz.RpcStatus(code=_OK),
-            ok_response=authz.OkHttpResponse(headers_to_remove=list(self._identity.strip_headers)),
+            ok_response=authz.OkHttpResponse(headers_to_remove=list(admission.strip_headers)),
             dynamic_metadata=metadata,
         )

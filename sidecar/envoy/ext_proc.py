@@ -18,7 +18,13 @@ from google.protobuf import json_format
 
 from sidecar.enforcement import FilterResult, ResponseFilter
 from sidecar.envoy.messages import header_dict, immediate, set_headers
-from sidecar.formats import ResponseFormat, Route
+from sidecar.formats import (
+    MalformedRequest,
+    RequestRewrite,
+    RequestRewriter,
+    ResponseFormat,
+    Route,
+)
 from sidecar.identity import Caller, IdentityError
 from sidecar.wire import envoy_processing_mode_pb2 as processing_mode
 from sidecar.wire import ext_proc_pb2 as ext_proc
@@ -32,6 +38,16 @@ _CONTINUE = ext_proc.CommonResponse()
 # Sent with the response-headers answer for responses the gate will not read,
 # so Envoy neither buffers nor sends their bodies (needs allow_mode_override).
 _SKIP_BODY = processing_mode.ProcessingMode(response_body_mode=processing_mode.ProcessingMode.NONE)
+# Sent with the request-headers answer when the gate rewrites the query. An
+# override replaces the whole mode, so every field is spelled out.
+_WITH_REQUEST_BODY = processing_mode.ProcessingMode(
+    request_header_mode=processing_mode.ProcessingMode.SEND,
+    response_header_mode=processing_mode.ProcessingMode.SEND,
+    request_body_mode=processing_mode.ProcessingMode.BUFFERED,
+    response_body_mode=processing_mode.ProcessingMode.BUFFERED,
+    request_trailer_mode=processing_mode.ProcessingMode.SKIP,
+    response_trailer_mode=processing_mode.ProcessingMode.SKIP,
+)
 
 
 @dataclass
@@ -43,6 +59,8 @@ class _Exchange:
     caller: Caller | None = None
     identity_error: IdentityError | None = None
     fmt: ResponseFormat | None = None  # set while the response body must be filtered
+    rewriter: RequestRewriter | None = None  # set when the request body is to be rewritten
+    rewrite: RequestRewrite | None = None  # what the rewrite did, for the response side
 
 
 class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
@@ -77,7 +95,7 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         if kind == "response_body":
             return await self._on_response_body(exchange, request.response_body)
         if kind == "request_body":
-            return ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse())
+            return self._on_request_body(exchange, request.request_body)
         if kind == "request_trailers":
             return ext_proc.ProcessingResponse(request_trailers=ext_proc.TrailersResponse())
         return ext_proc.ProcessingResponse(response_trailers=ext_proc.TrailersResponse())
@@ -111,11 +129,40 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
                 return immediate(401, b'{"error":"identity_missing"}', "retrieval_gate_no_identity")
             # A compressed body cannot be inspected, so ask upstream for identity encoding.
             mutation.remove_headers.append("accept-encoding")
-        return ext_proc.ProcessingResponse(
+            if not message.end_of_stream:
+                exchange.rewriter = self._filter.rewriter_for(exchange.fmt, exchange.route)
+        response = ext_proc.ProcessingResponse(
             request_headers=ext_proc.HeadersResponse(
                 response=ext_proc.CommonResponse(header_mutation=mutation)
             )
         )
+        if exchange.rewriter is not None:
+            response.mode_override.CopyFrom(_WITH_REQUEST_BODY)
+        return response
+
+    def _on_request_body(
+        self, exchange: _Exchange, message: ext_proc.HttpBody
+    ) -> ext_proc.ProcessingResponse:
+        rewriter, route, caller = exchange.rewriter, exchange.route, exchange.caller
+        if rewriter is None or route is None or caller is None:
+            return ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse())
+        if not message.end_of_stream:
+            log.error("request body arrived in parts; the gate needs it BUFFERED")
+            return immediate(500, b'{"error":"gate_misconfigured"}', "retrieval_gate_not_buffered")
+        try:
+            rewrite = self._filter.rewrite_request(rewriter, route, caller, message.body)
+        except MalformedRequest:
+            return immediate(
+                400, b'{"error":"request_body_malformed"}', "retrieval_gate_bad_request"
+            )
+        exchange.rewrite = rewrite
+        common = ext_proc.CommonResponse(
+            header_mutation=ext_proc.HeaderMutation(
+                set_headers=set_headers({"content-length": str(len(rewrite.body))})
+            )
+        )
+        common.body_mutation.body = rewrite.body
+        return ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse(response=common))
 
     def _on_response_headers(
         self, exchange: _Exchange, message: ext_proc.HttpHeaders
@@ -160,7 +207,9 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             # would let unfiltered chunks through.
             log.error("response body arrived in parts; configure response_body_mode BUFFERED")
             return immediate(500, b'{"error":"gate_misconfigured"}', "retrieval_gate_not_buffered")
-        result = await self._filter.filter(fmt, route, caller, exchange.request_id, message.body)
+        result = await self._filter.filter(
+            fmt, route, caller, exchange.request_id, message.body, exchange.rewrite
+        )
         return self._body_answer(result)
 
     @staticmethod

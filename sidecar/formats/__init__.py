@@ -1,17 +1,29 @@
-"""Response-format adapters, and the lookup that picks one for a request."""
+"""Format adapters (responses, and search requests), and the lookup that picks one."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sidecar.formats.base import Candidate, MalformedBody, ParsedBody, ResponseFormat, Route
+from sidecar.formats.base import (
+    Candidate,
+    MalformedBody,
+    MalformedRequest,
+    ParsedBody,
+    RequestRewrite,
+    RequestRewriter,
+    ResponseFormat,
+    Route,
+)
 from sidecar.formats.qdrant import QdrantFormat
 
 __all__ = [
     "Candidate",
     "MalformedBody",
+    "MalformedRequest",
     "ParsedBody",
     "QdrantFormat",
+    "RequestRewrite",
+    "RequestRewriter",
     "ResponseFormat",
     "Route",
     "detect",

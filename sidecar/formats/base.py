@@ -1,19 +1,24 @@
-"""What every response-format adapter provides.
+"""What every format adapter provides.
 
 An adapter turns a vector database's response body into candidates (one per
 returned hit, in body order) and renders the body again keeping only the
-admitted positions. Adapters know nothing about policy or Envoy.
+admitted positions. An adapter may also rewrite search requests on their way
+to the database (RequestRewriter). Adapters know nothing about policy or Envoy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class MalformedBody(Exception):
     """The upstream body is not the shape this format expects; never pass it on."""
+
+
+class MalformedRequest(Exception):
+    """A search request body the gate cannot read; answer 400, never forward it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +49,16 @@ class ParsedBody(Protocol):
     @property
     def candidates(self) -> Sequence[Candidate]: ...
 
-    def render(self, keep: Collection[int]) -> bytes:
-        """Serialise the body with only the hits whose position is in ``keep``."""
+    def render(self, keep: Collection[int], limits: Sequence[int | None] | None = None) -> bytes:
+        """Serialise the body with only the hits whose position is in ``keep``.
+
+        ``limits`` (a ``RequestRewrite.limits``) gives one entry per sub-result
+        of the body (one for a plain search, one per request of a batch): each
+        sub-result keeps at most that many of its kept hits (groups, for the
+        groups endpoints), in rank order; None keeps them all. None or empty
+        trims nothing. Raises MalformedBody if the body has a different number
+        of sub-results.
+        """
         ...
 
 
@@ -61,4 +74,52 @@ class ResponseFormat(Protocol):
 
     def parse(self, body: bytes, route: Route) -> ParsedBody:
         """Parse a successful response body; raise MalformedBody if it is not one."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRewrite:
+    """A search request as the gate forwards it, and what was changed.
+
+    ``limits`` has one entry per sub-request, in the order their sub-results
+    come back, when any of them was over-fetched: the number of results the
+    app asked for where the gate raised it, None where it did not. It is empty
+    when nothing was over-fetched. Pass it to ``ParsedBody.render`` as it is.
+    ``tenant_filter`` and ``overfetched`` say what was applied, for the audit
+    record.
+    """
+
+    body: bytes
+    limits: tuple[int | None, ...]
+    tenant_filter: bool
+    overfetched: bool
+
+
+@runtime_checkable
+class RequestRewriter(Protocol):
+    def rewrites_request(self, route: Route) -> bool:
+        """True when requests on ``route`` carry a query the gate may rewrite.
+
+        Only then is the request body worth reading.
+        """
+        ...
+
+    def rewrite_request(
+        self,
+        body: bytes,
+        route: Route,
+        *,
+        tenant: str,
+        tenant_key: str | None,
+        overfetch_factor: float,
+        overfetch_cap: int,
+    ) -> RequestRewrite:
+        """Restrict a search request to ``tenant`` and raise its limits.
+
+        ``tenant_key`` is the payload field holding the tenant (None: no
+        push-down). Limits are multiplied by ``overfetch_factor``, rounded up
+        and capped at ``overfetch_cap`` (a factor of 1 or less: no over-fetch).
+        Bodies of routes it does not rewrite come back unchanged. Raises
+        MalformedRequest if a rewritable request body cannot be read.
+        """
         ...

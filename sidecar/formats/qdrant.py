@@ -4,11 +4,14 @@ Every successful Qdrant response is an envelope ``{"result": ..., "status": "ok"
 "time": ...}`` (sometimes with ``usage``). Where the hits sit inside ``result``
 depends on the endpoint, so the route picks a *shape*: a function that checks
 ``result``, registers its hits as candidates and returns a renderer that
-rebuilds ``result`` for a given set of kept positions.
+rebuilds ``result`` for a given set of kept positions and, per sub-result, the
+number of hits (or groups) to keep at most.
 
 Renderers copy only the containers they change (lists, group objects, the
 envelope); hits are never copied and the parsed document is never mutated, so
 ``render`` may be called any number of times.
+
+Search requests are rewritten by ``qdrant_request``.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ from typing import Any, Final
 
 import orjson
 
-from sidecar.formats.base import Candidate, MalformedBody, ParsedBody, Route
+from sidecar.formats import qdrant_request
+from sidecar.formats.base import Candidate, MalformedBody, ParsedBody, RequestRewrite, Route
 
-# Builds the filtered value for a set of kept positions; None means "leave the
-# value out of its parent".
-_Renderer = Callable[[frozenset[int]], Any]
+# Builds the filtered value of one sub-result for a set of kept positions and
+# the most hits (groups, for groups) to keep; None means "leave the value out
+# of its parent".
+_Renderer = Callable[[frozenset[int], int | None], Any]
 
 
 class _Hits:
@@ -89,9 +94,20 @@ def _usable_id(value: Any, label: str) -> tuple[str | None, str | None]:
     return str(value), None
 
 
-# Shapes of ``result``. Each validates its value, registers hits in document
-# order and returns the renderer for that value.
-_Shape = Callable[[Any, _Hits], _Renderer]
+@dataclass(frozen=True, slots=True)
+class _Result:
+    """A parsed ``result``: how many sub-results it has, and how to render it
+    for kept positions and one limit per sub-result."""
+
+    sub_results: int
+    render: Callable[[frozenset[int], Sequence[int | None]], Any]
+
+
+# Shapes of one sub-result. Each validates its value, registers hits in
+# document order and returns the renderer for that value.
+_SubShape = Callable[[Any, _Hits], _Renderer]
+# Shapes of a whole ``result``.
+_Shape = Callable[[Any, _Hits], _Result]
 
 
 def _point_list(value: Any, hits: _Hits) -> _Renderer:
@@ -101,7 +117,12 @@ def _point_list(value: Any, hits: _Hits) -> _Renderer:
     start = len(hits.candidates)
     for item in value:
         hits.add(item)
-    return lambda keep: [item for position, item in enumerate(value, start) if position in keep]
+
+    def render(keep: frozenset[int], limit: int | None) -> list[Any]:
+        kept = [item for position, item in enumerate(value, start) if position in keep]
+        return kept[:limit]
+
+    return render
 
 
 def _points_object(value: Any, hits: _Hits) -> _Renderer:
@@ -109,17 +130,32 @@ def _points_object(value: Any, hits: _Hits) -> _Renderer:
     if not isinstance(value, dict):
         raise MalformedBody("expected an object with 'points'")
     render_points = _point_list(value.get("points"), hits)
-    return lambda keep: {**value, "points": render_points(keep)}
+    return lambda keep, limit: {**value, "points": render_points(keep, limit)}
 
 
-def _batch(shape: _Shape) -> _Shape:
+def _single(shape: _SubShape) -> _Shape:
+    """A ``result`` that is one sub-result."""
+
+    def parse(value: Any, hits: _Hits) -> _Result:
+        render = shape(value, hits)
+        return _Result(1, lambda keep, limits: render(keep, limits[0]))
+
+    return parse
+
+
+def _batch(shape: _SubShape) -> _Shape:
     """``[sub-result, ...]``: the */batch endpoints."""
 
-    def parse(value: Any, hits: _Hits) -> _Renderer:
+    def parse(value: Any, hits: _Hits) -> _Result:
         if not isinstance(value, list):
             raise MalformedBody("expected a list of batch results")
         renderers = [shape(item, hits) for item in value]
-        return lambda keep: [render(keep) for render in renderers]
+        return _Result(
+            len(renderers),
+            lambda keep, limits: [
+                render(keep, limit) for render, limit in zip(renderers, limits, strict=True)
+            ],
+        )
 
     return parse
 
@@ -130,14 +166,15 @@ def _groups(value: Any, hits: _Hits) -> _Renderer:
         raise MalformedBody("expected an object with a list of 'groups'")
     renderers = [_group(group, hits) for group in value["groups"]]
 
-    def render(keep: frozenset[int]) -> dict[str, Any]:
+    def render(keep: frozenset[int], limit: int | None) -> dict[str, Any]:
         groups = [group for render in renderers if (group := render(keep)) is not None]
-        return {**value, "groups": groups}
+        # Trimmed after emptied groups are gone: the limit counts groups returned.
+        return {**value, "groups": groups[:limit]}
 
     return render
 
 
-def _group(value: Any, hits: _Hits) -> _Renderer:
+def _group(value: Any, hits: _Hits) -> Callable[[frozenset[int]], dict[str, Any] | None]:
     if not isinstance(value, dict):
         raise MalformedBody("a group is not a JSON object")
     render_hits = _point_list(value.get("hits"), hits)
@@ -146,7 +183,9 @@ def _group(value: Any, hits: _Hits) -> _Renderer:
     lookup_position = None if lookup is None else hits.add(lookup)
 
     def render(keep: frozenset[int]) -> dict[str, Any] | None:
-        kept_hits = render_hits(keep)
+        # The request's limit counts groups; group_size is never raised, so
+        # the hits of a group are not trimmed.
+        kept_hits = render_hits(keep, None)
         if not kept_hits:
             # The group id is the group_by payload value of its hits: it goes with them.
             return None
@@ -168,47 +207,78 @@ def _single_point(value: Any, hits: _Hits) -> _Renderer:
     # itself serialises an absent result; the spec declares "result" optional
     # but not nullable, and qdrant-client's model reads the omission as
     # result=None. An empty stand-in record would invent a point that does not
-    # exist, and a null would break strict spec validation.
-    return lambda keep: value if position in keep else None
+    # exist, and a null would break strict spec validation. The request names
+    # the point, so there is no limit to trim to.
+    return lambda keep, limit: value if position in keep else None
 
 
 _POST_SHAPES: Final[Mapping[str, _Shape]] = {
-    "": _point_list,  # retrieve points by id
-    "search": _point_list,
+    "": _single(_point_list),  # retrieve points by id
+    "search": _single(_point_list),
     "search/batch": _batch(_point_list),
-    "search/groups": _groups,
-    "query": _points_object,
+    "search/groups": _single(_groups),
+    "query": _single(_points_object),
     "query/batch": _batch(_points_object),
-    "query/groups": _groups,
-    "recommend": _point_list,
+    "query/groups": _single(_groups),
+    "recommend": _single(_point_list),
     "recommend/batch": _batch(_point_list),
-    "recommend/groups": _groups,
-    "discover": _point_list,
+    "recommend/groups": _single(_groups),
+    "discover": _single(_point_list),
     "discover/batch": _batch(_point_list),
-    "scroll": _points_object,
+    "scroll": _single(_points_object),
 }
+_GET_POINT_SHAPE: Final = _single(_single_point)
+
+
+def _points_path(route: Route) -> list[str] | None:
+    """The path segments after ``/collections/{c}/points``; None for other paths."""
+    match route.path.removesuffix("/").split("/"):
+        case ["", "collections", collection, "points", *rest] if collection and all(rest):
+            return rest
+    return None
 
 
 def _shape(route: Route) -> _Shape | None:
-    match route.path.removesuffix("/").split("/"):
-        case ["", "collections", collection, "points", *rest] if collection and all(rest):
-            method = route.method.upper()
-            if method == "POST":
-                return _POST_SHAPES.get("/".join(rest))
-            if method == "GET" and len(rest) == 1:
-                return _single_point
+    rest = _points_path(route)
+    if rest is None:
+        return None
+    method = route.method.upper()
+    if method == "POST":
+        return _POST_SHAPES.get("/".join(rest))
+    if method == "GET" and len(rest) == 1:
+        return _GET_POINT_SHAPE
     return None
+
+
+def _search_endpoint(route: Route) -> str | None:
+    """The endpoint name of a POST under ``/collections/{c}/points`` ("search", ...)."""
+    rest = _points_path(route)
+    if rest is None or route.method.upper() != "POST":
+        return None
+    return "/".join(rest)
 
 
 @dataclass(frozen=True, slots=True)
 class _QdrantBody:
     candidates: Sequence[Candidate]
     _envelope: dict[str, Any]
-    _render_result: _Renderer
+    _result: _Result
 
-    def render(self, keep: Collection[int]) -> bytes:
-        """Serialise the body with only the hits whose position is in ``keep``."""
-        result = self._render_result(frozenset(keep))
+    def render(self, keep: Collection[int], limits: Sequence[int | None] | None = None) -> bytes:
+        """Serialise the body with only the hits whose position is in ``keep``.
+
+        With ``limits``, each sub-result keeps at most that many of its kept
+        hits (groups, for groups endpoints), in rank order; see
+        ``ParsedBody.render``.
+        """
+        if not limits:
+            limits = (None,) * self._result.sub_results
+        elif len(limits) != self._result.sub_results:
+            raise MalformedBody(
+                f"response has {self._result.sub_results} sub-results, "
+                f"the request had {len(limits)}"
+            )
+        result = self._result.render(frozenset(keep), limits)
         envelope = dict(self._envelope)
         if result is None:
             del envelope["result"]
@@ -218,7 +288,7 @@ class _QdrantBody:
 
 
 class QdrantFormat:
-    """Adapter for Qdrant's REST API responses.
+    """Adapter for Qdrant's REST API: filters responses, rewrites search requests.
 
     The chunk id is the point id (``str(id)``), or the payload field ``id_field``
     when set; the chunk text is the payload field ``text_field``.
@@ -265,5 +335,38 @@ class QdrantFormat:
         if "result" not in envelope:
             raise MalformedBody("no 'result' in body")
         hits = _Hits(self.text_field, self.id_field)
-        render_result = shape(envelope["result"], hits)
-        return _QdrantBody(tuple(hits.candidates), envelope, render_result)
+        result = shape(envelope["result"], hits)
+        return _QdrantBody(tuple(hits.candidates), envelope, result)
+
+    def rewrites_request(self, route: Route) -> bool:
+        """True for the search, query, recommend, discover and scroll endpoints.
+
+        Retrieving points by id takes no filter, so its requests are not read.
+        """
+        return _search_endpoint(route) in qdrant_request.ENDPOINTS
+
+    def rewrite_request(
+        self,
+        body: bytes,
+        route: Route,
+        *,
+        tenant: str,
+        tenant_key: str | None,
+        overfetch_factor: float,
+        overfetch_cap: int,
+    ) -> RequestRewrite:
+        """Restrict a search request to ``tenant`` and raise its limits.
+
+        See ``RequestRewriter.rewrite_request`` and ``qdrant_request``.
+        """
+        endpoint = _search_endpoint(route)
+        if endpoint is None:
+            return RequestRewrite(body, (), tenant_filter=False, overfetched=False)
+        return qdrant_request.rewrite(
+            body,
+            endpoint,
+            tenant=tenant,
+            tenant_key=tenant_key,
+            overfetch_factor=overfetch_factor,
+            overfetch_cap=overfetch_cap,
+        )

@@ -7,7 +7,11 @@ from typing import Any, Protocol
 
 
 class PolicyError(Exception):
-    """The policy could not be evaluated; every affected chunk gets POLICY_ERROR."""
+    """The policy could not be loaded or evaluated.
+
+    Callers deny: every affected chunk gets POLICY_ERROR, and a request whose
+    request policy fails is refused.
+    """
 
 
 class PolicyEngine(Protocol):

@@ -7,7 +7,6 @@ undefined and errors fail it.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,10 +14,15 @@ from typing import Any
 import orjson
 
 from sidecar.policy.engine import PolicyError
-from sidecar.policy.regorus_engine import compile_sources, engine_error_message, read_rego_sources
+from sidecar.policy.regorus_engine import (
+    compile_sources,
+    engine_error_message,
+    package_path,
+    read_rego_sources,
+    rule_path,
+)
 
 _TEST_PREFIX = "test_"
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MAX_VALUE_CHARS = 200
 
 
@@ -92,7 +96,7 @@ def _test_rules(engine: Any) -> list[_TestRule]:
 
 def _module_test_rules(module: dict[str, Any]) -> list[_TestRule]:
     file = module["source"]["file"]
-    package = _ref_segments(module["ast"]["package"]["refr"])
+    package = package_path(module)
     found = []
     for rule in module["ast"]["rules"]:
         # Only complete rules can be tests: skip defaults, functions, partial
@@ -102,28 +106,6 @@ def _module_test_rules(module: dict[str, Any]) -> list[_TestRule]:
             continue
         var = head["refr"]["Var"]
         if var["value"].startswith(_TEST_PREFIX):
-            name = _rule_path(["data", *package, var["value"]])
+            name = rule_path(["data", *package, var["value"]])
             found.append(_TestRule(name, f"{file}:{var['span']['line']}"))
     return found
-
-
-def _ref_segments(refr: dict[str, Any]) -> list[str]:
-    # A package name is a Var, RefDot (`a.b`) or RefBrack (`a["b-c"]`) node; any
-    # other node raises KeyError, reported as an unreadable AST.
-    if "Var" in refr:
-        return [refr["Var"]["value"]]
-    if "RefDot" in refr:
-        node = refr["RefDot"]
-        return [*_ref_segments(node["refr"]), node["field"][1]]
-    node = refr["RefBrack"]
-    return [*_ref_segments(node["refr"]), node["index"]["String"]["value"]]
-
-
-def _rule_path(segments: list[str]) -> str:
-    path = segments[0]
-    for segment in segments[1:]:
-        if _IDENTIFIER.fullmatch(segment):
-            path += f".{segment}"
-        else:
-            path += f"[{orjson.dumps(segment).decode()}]"
-    return path

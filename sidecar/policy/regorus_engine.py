@@ -1,4 +1,10 @@
-"""The embedded Rego engine: regorus (the `gordon-to-regorus` wheel) in process."""
+"""The embedded Rego engine: regorus (the `gordon-to-regorus` wheel) in process.
+
+CompiledPolicy holds Rego sources and optional policy data, compiled into one
+regorus engine per thread, and evaluates any rule path. The chunk policy
+(RegorusEngine, here) and the request policy (RequestPolicy, in
+sidecar/policy/request_policy.py) are thin layers over it.
+"""
 
 from __future__ import annotations
 
@@ -18,10 +24,13 @@ from sidecar.policy.engine import PolicyError
 DEFAULT_QUERY = "data.retrieval_gate.chunks.reasons"
 _TEST_SUFFIX = "_test.rego"
 
-# The input the policy is validated with at load time: a well-formed empty batch.
-_EMPTY_BATCH = orjson.dumps(
-    {"caller": {"tenant": "", "principals": []}, "now_ns": 0, "chunks": []}
-).decode()
+# The input the chunk rule is validated with at load time: a well-formed empty batch.
+_EMPTY_BATCH = {
+    "caller": {"tenant": "", "principals": [], "drafts_allowed": False},
+    "now_ns": 0,
+    "chunks": [],
+}
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Regorus errors carry a Rust backtrace after the message; the location line
 # (`--> file:line:col`) names policy source only, never input values.
@@ -33,7 +42,7 @@ _ENGINES_PER_THREAD = 4
 
 # regorus engines are "unsendable": a thread may only use, and drop, the engines
 # it created (another thread panics or leaks them). This module-level store
-# outlives every RegorusEngine, so a thread's engines are dropped when that
+# outlives every CompiledPolicy, so a thread's engines are dropped when that
 # thread exits, on that thread, and never by a garbage collection elsewhere.
 _per_thread = threading.local()
 
@@ -59,10 +68,12 @@ def read_rego_sources(directory: Path, *, include_tests: bool) -> dict[str, str]
     return sources
 
 
-def compile_sources(sources: Mapping[str, str]) -> Any:
+def compile_sources(sources: Mapping[str, str], *, data_json: str | None = None) -> Any:
     """Parse ``sources`` (file name -> text) into a new ``regorus.Engine``.
 
-    Raises PolicyError naming the file that does not compile.
+    ``data_json`` is a JSON object added as policy data (``data.*``). Raises
+    PolicyError naming the file that does not compile, or when the data cannot
+    be added or has a value at or above a policy package.
     """
     engine = regorus.Engine()
     for name, text in sources.items():
@@ -72,7 +83,35 @@ def compile_sources(sources: Mapping[str, str]) -> Any:
             raise
         except BaseException as exc:
             raise PolicyError(f"{name}: {engine_error_message(exc)}") from None
+    if data_json is not None:
+        _reject_data_over_packages(engine, orjson.loads(data_json))
+        try:
+            engine.add_data_json(data_json)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            raise PolicyError(f"policy data: {engine_error_message(exc)}") from None
     return engine
+
+
+def package_path(module: Mapping[str, Any]) -> list[str]:
+    """The package segments of one module of ``engine.get_ast_as_json()``.
+
+    ``package a["b-c"]`` gives ``["a", "b-c"]``. Raises KeyError on an AST
+    node it does not know.
+    """
+    return _ref_segments(module["ast"]["package"]["refr"])
+
+
+def rule_path(segments: list[str]) -> str:
+    """A Rego reference for ``segments``: ``data.a["b-c"].d`` for ``["data", "a", "b-c", "d"]``."""
+    path = segments[0]
+    for segment in segments[1:]:
+        if _IDENTIFIER.fullmatch(segment):
+            path += f".{segment}"
+        else:
+            path += f"[{orjson.dumps(segment).decode()}]"
+    return path
 
 
 def engine_error_message(exc: BaseException) -> str:
@@ -84,56 +123,63 @@ def engine_error_message(exc: BaseException) -> str:
     return str(exc).split(_BACKTRACE_MARKER, 1)[0].strip() or type(exc).__name__
 
 
-class RegorusEngine:
-    """A PolicyEngine evaluating Rego in process with regorus.
+class CompiledPolicy:
+    """Rego sources and optional policy data, compiled once per thread.
 
-    Each thread gets its own compiled engine, built on first use from the
-    sources loaded here; sources are parsed once per thread, never per call.
+    Each thread gets its own compiled engine, built on first use; sources are
+    parsed once per thread, never per call. Engines are keyed by the digest of
+    sources and data, so policies loaded twice from the same files and data (the
+    chunk policy and the request policy) share one engine per thread. The rule
+    to evaluate is a parameter of each call.
     """
 
-    def __init__(self, sources: Mapping[str, str], *, query: str = DEFAULT_QUERY) -> None:
-        """Compile and validate ``sources`` (file name -> Rego text).
+    def __init__(
+        self, sources: Mapping[str, str], *, data: Mapping[str, Any] | None = None
+    ) -> None:
+        """Compile ``sources`` (file name -> Rego text) with ``data`` as ``data.*``.
 
-        ``query`` is the path of the rule that returns reasons per chunk id.
-        Raises PolicyError when a file does not compile or the rule does not
-        return an object for an empty batch.
+        ``data`` must be a JSON object (nested dicts, lists, strings, numbers,
+        booleans, None); an empty one is the same as none. Raises PolicyError
+        when a file does not compile or the data is not valid policy data.
         """
         self._sources = dict(sorted(sources.items()))
-        self._query = query
+        self._data_json = _encode_data(data)
         # JSON keeps the encoding unambiguous: no name/text boundary can be forged.
-        self._digest = hashlib.sha256(orjson.dumps(list(self._sources.items()))).hexdigest()
-        self._validate()
+        # Without data the digest covers the sources alone, as before data existed,
+        # so that existing policy versions stay the same.
+        digested = orjson.dumps(list(self._sources.items()))
+        if self._data_json is not None:
+            digested = orjson.dumps(
+                {"data": orjson.Fragment(self._data_json), "sources": orjson.Fragment(digested)}
+            )
+        self._digest = hashlib.sha256(digested).hexdigest()
+        # Compile now, so that a bad file or bad data fails the load, not a request.
+        self._thread_engine()
 
     @classmethod
-    def from_directory(cls, path: Path, *, query: str = DEFAULT_QUERY) -> RegorusEngine:
+    def from_directory(cls, path: Path, *, data: Mapping[str, Any] | None = None) -> CompiledPolicy:
         """Load every ``.rego`` file in ``path`` except ``*_test.rego`` files."""
-        return cls(read_rego_sources(path, include_tests=False), query=query)
+        return cls(read_rego_sources(path, include_tests=False), data=data)
 
     @property
     def version(self) -> str:
-        """``sha256:`` and 16 hex digits of a digest over the sorted (name, text) pairs."""
+        """``sha256:`` and 16 hex digits of a digest over the sources and the data."""
         return "sha256:" + self._digest[:16]
 
-    def evaluate(self, policy_input: Mapping[str, Any]) -> dict[str, list[str]]:
-        """Reasons per chunk id for one batch (see policies/README.md).
+    def evaluate(self, query: str, policy_input: Mapping[str, Any]) -> Any:
+        """The value of the rule ``query`` for ``policy_input`` (None when undefined).
 
-        Raises PolicyError when the input cannot be serialised, the engine
-        fails, or the result is not an object of string arrays with exactly one
-        entry per input chunk id. Messages never quote input data.
+        Raises PolicyError when the input cannot be serialised or the engine
+        fails. Messages never quote input data, only the policy location.
         """
-        expected_ids = _chunk_ids(policy_input)
         try:
             payload = orjson.dumps(policy_input).decode()
         except TypeError:
             raise PolicyError("policy input is not JSON-serialisable") from None
-        result = self._eval(payload)
-        return _reasons(result, expected_ids, self._query)
-
-    def _eval(self, payload: str) -> Any:
         engine = self._thread_engine()
         try:
             engine.set_input_json(payload)
-            return engine.eval_rule(self._query)
+            return engine.eval_rule(query)
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as exc:
@@ -143,26 +189,79 @@ class RegorusEngine:
             _thread_engines().pop(self._digest, None)
             raise PolicyError(f"policy engine panicked{_location(exc)}") from None
 
+    def probe(self, query: str, sample_input: Mapping[str, Any]) -> Any:
+        """Evaluate ``query`` for a fixed sample input, to validate the rule at load time.
+
+        Unlike :meth:`evaluate`, a PolicyError carries the engine's message: the
+        sample input is the caller's constant, not request data.
+        """
+        engine = self._thread_engine()
+        try:
+            engine.set_input_json(orjson.dumps(sample_input).decode())
+            return engine.eval_rule(query)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            raise PolicyError(f"{query}: {engine_error_message(exc)}") from None
+
     def _thread_engine(self) -> Any:
         engines = _thread_engines()
         engine = engines.get(self._digest)
         if engine is None:
-            engine = compile_sources(self._sources)
+            engine = compile_sources(self._sources, data_json=self._data_json)
             engines[self._digest] = engine
             while len(engines) > _ENGINES_PER_THREAD:
                 engines.popitem(last=False)
         return engine
 
-    def _validate(self) -> None:
-        engine = self._thread_engine()
-        try:
-            engine.set_input_json(_EMPTY_BATCH)
-            result = engine.eval_rule(self._query)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as exc:
-            raise PolicyError(f"{self._query}: {engine_error_message(exc)}") from None
-        _reasons(result, set(), self._query)
+
+class RegorusEngine:
+    """A PolicyEngine evaluating the chunk policy in process with regorus."""
+
+    def __init__(
+        self,
+        sources: Mapping[str, str],
+        *,
+        query: str = DEFAULT_QUERY,
+        data: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Compile and validate ``sources`` (file name -> Rego text).
+
+        ``query`` is the path of the rule that returns reasons per chunk id;
+        ``data`` is optional policy data (see CompiledPolicy). Raises
+        PolicyError when a file does not compile, the data is invalid, or the
+        rule does not return an object for an empty batch.
+        """
+        self._policy = CompiledPolicy(sources, data=data)
+        self._query = query
+        _reasons(self._policy.probe(query, _EMPTY_BATCH), set(), query)
+
+    @classmethod
+    def from_directory(
+        cls,
+        path: Path,
+        *,
+        query: str = DEFAULT_QUERY,
+        data: Mapping[str, Any] | None = None,
+    ) -> RegorusEngine:
+        """Load every ``.rego`` file in ``path`` except ``*_test.rego`` files."""
+        return cls(read_rego_sources(path, include_tests=False), query=query, data=data)
+
+    @property
+    def version(self) -> str:
+        """``sha256:`` and 16 hex digits of a digest over the sources and the data."""
+        return self._policy.version
+
+    def evaluate(self, policy_input: Mapping[str, Any]) -> dict[str, list[str]]:
+        """Reasons per chunk id for one batch (see policies/README.md).
+
+        Raises PolicyError when the input cannot be serialised, the engine
+        fails, or the result is not an object of string arrays with exactly one
+        entry per input chunk id. Messages never quote input data.
+        """
+        expected_ids = _chunk_ids(policy_input)
+        result = self._policy.evaluate(self._query, policy_input)
+        return _reasons(result, expected_ids, self._query)
 
 
 def _thread_engines() -> OrderedDict[str, Any]:
@@ -203,6 +302,54 @@ def _reasons(result: Any, expected_ids: set[str], query: str) -> dict[str, list[
         extra = len(result.keys() - expected_ids)
         raise PolicyError(f"{query} has {missing} chunk ids missing and {extra} unexpected")
     return result
+
+
+def _encode_data(data: Mapping[str, Any] | None) -> str | None:
+    if data is None:
+        return None
+    if not isinstance(data, Mapping):
+        raise PolicyError("policy data must be a JSON object")
+    if not data:
+        return None
+    try:
+        # Sorted keys: the same document always gives the same version.
+        return orjson.dumps(dict(data), option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:
+        raise PolicyError("policy data is not JSON-serialisable") from None
+
+
+def _reject_data_over_packages(engine: Any, data: dict[str, Any]) -> None:
+    # regorus lets a data value at a package's path replace that package's rules
+    # (data {"retrieval_gate": {"request": {"denials": []}}} would allow every
+    # request), and a non-object above a package breaks every evaluation. OPA
+    # refuses both as conflicts; so does this.
+    try:
+        packages = [package_path(module) for module in orjson.loads(engine.get_ast_as_json())]
+    except (KeyError, TypeError, IndexError, orjson.JSONDecodeError) as exc:
+        raise PolicyError(f"cannot read packages from the regorus AST: {exc!r}") from exc
+    for package in packages:
+        name = rule_path(["data", *package])
+        node: Any = data
+        for segment in package:
+            if not isinstance(node, dict):
+                raise PolicyError(f"policy data has a non-object value above package {name}")
+            if segment not in node:
+                break
+            node = node[segment]
+        else:
+            raise PolicyError(f"policy data has a value at package {name}")
+
+
+def _ref_segments(refr: dict[str, Any]) -> list[str]:
+    # A package name is a Var, RefDot (`a.b`) or RefBrack (`a["b-c"]`) node; any
+    # other node raises KeyError, reported as an unreadable AST.
+    if "Var" in refr:
+        return [refr["Var"]["value"]]
+    if "RefDot" in refr:
+        node = refr["RefDot"]
+        return [*_ref_segments(node["refr"]), node["field"][1]]
+    node = refr["RefBrack"]
+    return [*_ref_segments(node["refr"]), node["index"]["String"]["value"]]
 
 
 def _location(exc: BaseException) -> str:

@@ -1,0 +1,134 @@
+# Unit tests for request.rego. Run with `pytest tests/test_rego_unit.py` (one
+# pytest case per test rule); they use only features regorus supports.
+package retrieval_gate.request_test
+
+import rego.v1
+
+import data.retrieval_gate.request
+
+caller := {"tenant": "acme", "principals": ["user:alice", "group:qa"], "drafts_allowed": false}
+
+search := {
+	"caller": caller,
+	"method": "POST",
+	"path": "/collections/sops/points/search",
+	"collection": "sops",
+}
+
+owned := {
+	"sops": {"tenants": ["acme", "initech"]},
+	"finance": {"tenants": ["globex"]},
+}
+
+# The denials for `search` with `overrides` (merged recursively, as
+# object.union does), under the collections `described`.
+denials_with(overrides, described) := denials if {
+	denials := request.denials with input as object.union(search, overrides)
+		with data.retrieval_gate.collections as described
+}
+
+# The denials for `search` by a caller with `fields`, under `owned`.
+denials_for_caller(fields) := denials_with({"caller": object.union(caller, fields)}, owned)
+
+# Allowed
+
+test_owner_tenant_is_allowed if denials_with({}, owned) == []
+
+test_any_listed_tenant_is_allowed if denials_for_caller({"tenant": "initech"}) == []
+
+test_undescribed_collection_is_allowed if {
+	denials_with({"collection": "public", "path": "/collections/public/points/search"}, owned) == []
+}
+
+test_route_without_collection_is_allowed if denials_with({"collection": null, "path": "/"}, owned) == []
+
+test_without_data_everything_is_allowed if {
+	request.denials == [] with input as object.union(search, {"caller": {"tenant": "globex"}})
+}
+
+test_empty_collections_allow_everything if denials_with({}, {}) == []
+
+# Forbidden
+
+test_other_tenant_is_forbidden if denials_for_caller({"tenant": "globex"}) == ["COLLECTION_FORBIDDEN"]
+
+test_tenant_match_is_exact if denials_for_caller({"tenant": "ACME"}) == ["COLLECTION_FORBIDDEN"]
+
+test_collection_with_no_tenants_is_forbidden if {
+	denials_with({}, {"sops": {"tenants": []}}) == ["COLLECTION_FORBIDDEN"]
+}
+
+# A missing, null or mistyped caller tenant denies a described collection
+
+test_caller_without_tenant if {
+	# object.union merges recursively: replace the caller as a whole.
+	without_tenant := object.union(
+		object.remove(search, ["caller"]),
+		{"caller": object.remove(caller, ["tenant"])},
+	)
+	denials := request.denials with input as without_tenant
+		with data.retrieval_gate.collections as owned
+	denials == ["COLLECTION_FORBIDDEN"]
+}
+
+test_null_caller_tenant if denials_for_caller({"tenant": null}) == ["COLLECTION_FORBIDDEN"]
+
+test_empty_caller_tenant_never_matches if {
+	denials_with({"caller": {"tenant": ""}}, {"sops": {"tenants": [""]}}) == ["COLLECTION_FORBIDDEN"]
+}
+
+test_numeric_caller_tenant_never_matches if {
+	denials_with({"caller": {"tenant": 7}}, {"sops": {"tenants": [7]}}) == ["COLLECTION_FORBIDDEN"]
+}
+
+test_without_caller if {
+	denials := request.denials with input as object.remove(search, ["caller"])
+		with data.retrieval_gate.collections as owned
+	denials == ["COLLECTION_FORBIDDEN"]
+}
+
+# A missing or mistyped collection in the input denies, even without data
+
+test_missing_collection if {
+	request.denials == ["COLLECTION_FORBIDDEN"] with input as object.remove(search, ["collection"])
+}
+
+test_numeric_collection if {
+	denials_with({"collection": 0}, [{"tenants": ["acme"]}]) == ["COLLECTION_FORBIDDEN"]
+}
+
+test_array_collection if denials_with({"collection": ["sops"]}, owned) == ["COLLECTION_FORBIDDEN"]
+
+test_missing_input if {
+	request.denials == ["COLLECTION_FORBIDDEN"] with input as {}
+}
+
+# Malformed data denies the collections it may describe
+
+test_tenants_missing if denials_with({}, {"sops": {}}) == ["COLLECTION_FORBIDDEN"]
+
+test_tenants_as_string if denials_with({}, {"sops": {"tenants": "acme"}}) == ["COLLECTION_FORBIDDEN"]
+
+test_tenants_as_object if denials_with({}, {"sops": {"tenants": {"acme": true}}}) == ["COLLECTION_FORBIDDEN"]
+
+test_description_not_an_object if denials_with({}, {"sops": ["acme"]}) == ["COLLECTION_FORBIDDEN"]
+
+test_null_description if denials_with({}, {"sops": null}) == ["COLLECTION_FORBIDDEN"]
+
+test_collections_as_array if {
+	denials_with({"collection": "public"}, [{"tenants": ["acme"]}]) == ["COLLECTION_FORBIDDEN"]
+}
+
+test_collections_as_false if denials_with({"collection": "public"}, false) == ["COLLECTION_FORBIDDEN"]
+
+test_malformed_data_still_allows_routes_without_collection if {
+	denials_with({"collection": null}, "not an object") == []
+}
+
+# Method and path do not decide ownership
+
+test_method_and_path_do_not_matter if {
+	other_route := {"method": "GET", "path": "/collections/public/points"}
+	denials_with(other_route, owned) == []
+	denials_with(other_route, {"sops": {"tenants": ["globex"]}}) == ["COLLECTION_FORBIDDEN"]
+}

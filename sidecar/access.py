@@ -1,0 +1,92 @@
+"""The request path, protocol-free: who is calling, and may they call this route?
+
+Establishes the caller with the configured identity provider, then asks the
+request policy (``policies/request.rego``) whether that caller may use the
+route. Identity failures are 401, policy refusals 403; a policy that cannot be
+evaluated refuses too.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sidecar.identity import AuthRequest, Caller, IdentityError, IdentityProvider
+from sidecar.policy.engine import PolicyError
+
+log = logging.getLogger(__name__)
+
+# Client-sent identity claims are never believed beyond trusted-headers mode,
+# and never reach the upstream in any mode.
+GATE_HEADER_PREFIX = "x-gate-"
+
+_COLLECTION = re.compile(r"/collections/([^/?]+)")
+
+
+def collection_of(path: str) -> str | None:
+    """The collection named in a vector-DB path (``/collections/{name}/...``), if any."""
+    match = _COLLECTION.search(path)
+    return match.group(1) if match else None
+
+
+class RequestPolicyEvaluator(Protocol):
+    def evaluate(self, request_input: Mapping[str, Any]) -> list[str]:
+        """Reasons to refuse the request (empty: allowed); raises PolicyError."""
+        ...
+
+
+class AccessDenied(Exception):
+    """The request must not reach the vector DB."""
+
+    def __init__(self, status: int, code: str, reasons: tuple[str, ...] = ()) -> None:
+        super().__init__(code)
+        self.status = status
+        self.code = code
+        self.reasons = reasons
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    caller: Caller
+    strip_headers: tuple[str, ...]
+
+
+class RequestAccess:
+    """Identity, then the request policy, for one request."""
+
+    def __init__(
+        self, identity: IdentityProvider, request_policy: RequestPolicyEvaluator | None
+    ) -> None:
+        self._identity = identity
+        self._request_policy = request_policy
+
+    async def admit(self, request: AuthRequest) -> Admission:
+        """Return the caller and the headers to strip, or raise AccessDenied."""
+        try:
+            caller = await self._identity.identify(request)
+        except IdentityError as exc:
+            raise AccessDenied(401, exc.code) from exc
+        if self._request_policy is not None:
+            self._check_policy(caller, request)
+        strip = {h for h in request.headers if h.startswith(GATE_HEADER_PREFIX)}
+        strip.update(self._identity.strip_headers)
+        return Admission(caller, tuple(sorted(strip)))
+
+    def _check_policy(self, caller: Caller, request: AuthRequest) -> None:
+        assert self._request_policy is not None
+        document = {
+            "caller": caller.to_metadata(),
+            "method": request.method,
+            "path": request.path,
+            "collection": collection_of(request.path),
+        }
+        try:
+            reasons = self._request_policy.evaluate(document)
+        except PolicyError:
+            log.error("request policy could not be evaluated; refusing the request")
+            raise AccessDenied(403, "policy_error") from None
+        if reasons:
+            raise AccessDenied(403, "forbidden", tuple(reasons))

@@ -1,0 +1,241 @@
+"""Identity through a real Envoy: jwt_authn + ext_authz + ext_proc, and sidecar-verified JWTs.
+
+Also the request path: forged identity headers, the request policy, tenant
+push-down into the Qdrant query and over-fetch without short pages. Tokens
+are minted in the tests (tests.fixtures.tokens); the upstream is the fixture
+server (a fake Qdrant, sidecar.demo.upstream).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from sidecar.demo.upstream import CannedResponse
+from sidecar.identity import Caller
+from tests.fixtures import qdrant_bodies as qb
+from tests.fixtures import tokens
+from tests.fixtures.records import record_dict, text_for
+from tests.harness import GateStack, HttpResult
+
+pytestmark = pytest.mark.envoy
+
+SEARCH = "/collections/docs/points/search"
+RECORDS = [
+    record_dict("1"),
+    record_dict("2", allowed_principals=["user:alice"]),
+    record_dict("3", status="draft"),
+    record_dict("4", tenant_id="globex"),
+    record_dict("5", allowed_principals=["group:hr"]),
+]
+POINTS = [qb.point(i, text_for(str(i))) for i in range(1, 6)]
+DRAFTS_SCOPE = "drafts:read"
+
+
+def alice(**overrides: Any) -> dict[str, Any]:
+    return tokens.claims(groups=["qa"], **overrides)
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}
+
+
+def ids(response: HttpResult) -> list[int]:
+    return [hit["id"] for hit in response.json()["result"]]
+
+
+@pytest.fixture(scope="module")
+def rsa_key() -> tokens.KeyPair:
+    return tokens.KeyPair.rsa()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, rsa_key: tokens.KeyPair) -> Iterator[GateStack]:
+    workdir = tmp_path_factory.mktemp("envoy-jwt")
+    jwks = workdir / "jwks.json"
+    jwks.write_text(json.dumps(tokens.jwks(rsa_key)))
+    data = workdir / "policy-data.json"
+    data.write_text(
+        json.dumps({"retrieval_gate": {"collections": {"hr": {"tenants": ["globex"]}}}})
+    )
+    gate = GateStack(
+        workdir,
+        RECORDS,
+        config={
+            "identity": "envoy-jwt",
+            "jwks": str(jwks),
+            "issuer": tokens.ISSUER,
+            "audience": tokens.AUDIENCE,
+            "drafts_scope": DRAFTS_SCOPE,
+            "policy_data": str(data),
+            "tenant_key": "tenant_id",
+            "overfetch_factor": 2,
+        },
+    ).start()
+    gate.upstream.respond("POST", SEARCH, CannedResponse(qb.encode(qb.search_body(POINTS))))
+    yield gate
+    gate.stop()
+
+
+def search(gate: GateStack, token: str | None, **kwargs: Any) -> HttpResult:
+    headers = {**(bearer(token) if token else {}), **kwargs.pop("headers", {})}
+    return gate.search(
+        kwargs.pop("path", SEARCH), tenant=None, principals=None, headers=headers, **kwargs
+    )
+
+
+def test_valid_token_gets_its_tenant_and_principals(
+    stack: GateStack, rsa_key: tokens.KeyPair
+) -> None:
+    response = search(stack, tokens.token(rsa_key, alice()))
+    assert response.status == 200, response.body
+    assert ids(response) == [1, 2]  # 3 draft, 4 other tenant, 5 hr only
+    record = next(
+        r
+        for r in stack.audit_records()
+        if r["decision_id"] == response.headers["x-retrieval-gate-decision-id"]
+    )
+    assert record["tenant"] == "acme"
+    expected = Caller("acme", frozenset({"user:alice", "group:qa"})).principals_digest()
+    assert record["principals_sha256"] == expected
+    reasons = {r["chunk_id"]: r["reasons"] for r in record["rejected"]}
+    assert reasons["3"] == ["STATUS_DRAFT"]
+
+
+def _bad_tokens(key: tokens.KeyPair) -> dict[str, str | None]:
+    other = tokens.KeyPair.rsa(kid=key.kid)
+    return {
+        "expired": tokens.token(key, alice(exp=1_000_000_000, iat=999_999_000)),
+        "wrong issuer": tokens.token(key, alice(iss="https://evil.test")),
+        "wrong audience": tokens.token(key, alice(aud="someone-else")),
+        "bad signature": tokens.token(other, alice()),
+        "tampered": tokens.tamper(tokens.token(key, alice()), tenant="globex"),
+        "alg none": tokens.unsigned_token(alice()),
+        "missing": None,
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "expired",
+        "wrong issuer",
+        "wrong audience",
+        "bad signature",
+        "tampered",
+        "alg none",
+        "missing",
+    ],
+)
+def test_invalid_tokens_are_401_and_never_reach_the_db(
+    stack: GateStack, rsa_key: tokens.KeyPair, case: str
+) -> None:
+    stack.upstream.requests.clear()
+    response = search(stack, _bad_tokens(rsa_key)[case])
+    assert response.status == 401, (case, response.status, response.body)
+    assert stack.upstream.requests == []
+
+
+def test_drafts_scope_admits_drafts(stack: GateStack, rsa_key: tokens.KeyPair) -> None:
+    with_scope = tokens.token(rsa_key, alice(scope=f"openid {DRAFTS_SCOPE}"))
+    assert ids(search(stack, with_scope)) == [1, 2, 3]
+    without = tokens.token(rsa_key, alice(scope="openid"))
+    assert ids(search(stack, without)) == [1, 2]
+
+
+def test_forged_identity_headers_are_ignored_and_stripped(
+    stack: GateStack, rsa_key: tokens.KeyPair
+) -> None:
+    stack.upstream.requests.clear()
+    response = search(
+        stack,
+        tokens.token(rsa_key, alice()),
+        headers={"x-gate-tenant": "globex", "x-gate-principals": "group:hr", "x-gate-x": "1"},
+    )
+    assert ids(response) == [1, 2]  # still acme/alice: no globex or hr chunk
+    seen = stack.upstream.requests[-1].headers
+    assert not [name for name in seen if name.startswith("x-gate-")]
+    assert "authorization" not in seen  # the caller's token is not the DB's business
+
+
+def test_request_policy_refuses_a_collection_of_another_tenant(
+    stack: GateStack, rsa_key: tokens.KeyPair
+) -> None:
+    stack.upstream.requests.clear()
+    response = search(stack, tokens.token(rsa_key, alice()), path="/collections/hr/points/search")
+    assert response.status == 403
+    assert response.json() == {"error": "forbidden", "reasons": ["COLLECTION_FORBIDDEN"]}
+    assert stack.upstream.requests == []
+
+
+def test_tenant_filter_is_pushed_down_and_merged_with_the_apps(
+    stack: GateStack, rsa_key: tokens.KeyPair
+) -> None:
+    app_filter = {"should": [{"key": "lang", "match": {"value": "en"}}]}
+    body = orjson.dumps({"vector": [0.1, 0.2], "limit": 3, "filter": app_filter})
+    stack.upstream.requests.clear()
+    response = search(stack, tokens.token(rsa_key, alice()), body=body)
+    assert response.status == 200
+    sent = orjson.loads(stack.upstream.requests[-1].body)
+    assert sent["filter"] == {
+        "must": [{"key": "tenant_id", "match": {"value": "acme"}}, app_filter]
+    }
+    assert sent["limit"] == 6  # over-fetch factor 2
+    assert int(stack.upstream.requests[-1].headers["content-length"]) == len(
+        stack.upstream.requests[-1].body
+    )
+
+
+def test_overfetch_returns_k_admitted_hits_when_they_exist(tmp_path: Path) -> None:
+    records = [record_dict(str(i)) for i in range(1, 11)]
+    for i in (2, 3, 4):  # three of the first five are rejected
+        records[i - 1] = record_dict(str(i), status="revoked")
+    gate = GateStack(
+        tmp_path, records, config={"overfetch_factor": 2, "tenant_key": "tenant_id"}
+    ).start()
+    try:
+        ten = [qb.point(i, text_for(str(i)), score=1 - i / 100) for i in range(1, 11)]
+        gate.upstream.respond("POST", SEARCH, CannedResponse(qb.encode(qb.search_body(ten))))
+        response = gate.search(SEARCH, body=b'{"vector":[0.1],"limit":5}')
+        assert ids(response) == [1, 5, 6, 7, 8]
+        assert orjson.loads(gate.upstream.requests[-1].body)["limit"] == 10
+        record = gate.audit_records()[-1]
+        assert record["tenant_filter"] is True and record["overfetched"] is True
+    finally:
+        gate.stop()
+
+
+@pytest.mark.parametrize("kind", ["RS256", "ES256", "HS256"])
+def test_sidecar_verified_jwt(tmp_path: Path, kind: str) -> None:
+    config: dict[str, Any] = {
+        "identity": "jwt",
+        "issuer": tokens.ISSUER,
+        "audience": tokens.AUDIENCE,
+    }
+    signer: tokens.KeyPair | bytes
+    if kind == "HS256":
+        signer = tokens.hmac_secret()
+        (tmp_path / "secret").write_bytes(signer)
+        config["jwt_hmac_secret_file"] = str(tmp_path / "secret")
+    else:
+        signer = tokens.KeyPair.rsa() if kind == "RS256" else tokens.KeyPair.ec()
+        (tmp_path / "jwks.json").write_text(json.dumps(tokens.jwks(signer)))
+        config["jwks"] = str(tmp_path / "jwks.json")
+    gate = GateStack(tmp_path, RECORDS, config=config).start()
+    try:
+        gate.upstream.respond("POST", SEARCH, CannedResponse(qb.encode(qb.search_body(POINTS))))
+        good = search(gate, tokens.token(signer, alice()))
+        assert good.status == 200 and ids(good) == [1, 2]
+        expired = search(gate, tokens.token(signer, alice(exp=1_000_000_000, iat=999_999_000)))
+        assert expired.status == 401 and expired.json() == {"error": "token_expired"}
+        assert search(gate, tokens.unsigned_token(alice())).json() == {
+            "error": "algorithm_not_allowed"
+        }
+        assert search(gate, None).json() == {"error": "token_missing"}
+    finally:
+        gate.stop()
