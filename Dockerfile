@@ -17,6 +17,8 @@ USER gate
 WORKDIR /var/lib/retrieval-gate
 EXPOSE 9001 9464
 ENTRYPOINT ["retrieval-gate"]
-CMD ["serve", "--grpc-listen", "0.0.0.0:9001", "--metrics", "0.0.0.0:9464", \
-     "--store", "sqlite:////var/lib/retrieval-gate/gate.db", \
-     "--audit-log", "/var/lib/retrieval-gate/decisions.jsonl"]
+# Identity, store and audit settings come from a mounted TOML file, e.g.
+#   identity = "envoy-jwt"   issuer = "..."   audience = "..."   jwks = "https://..."
+#   store = "postgresql://gate@db/gate"   audit_log = "/var/lib/retrieval-gate/decisions.jsonl"
+CMD ["serve", "--config", "/etc/retrieval-gate/gate.toml", \
+     "--grpc-listen", "0.0.0.0:9001", "--metrics", "0.0.0.0:9464"]

@@ -12,7 +12,7 @@ import rego.v1
 # only when the input and the data prove that it does, so an absent, null or
 # mistyped value denies. To add a check, add its reason to `checks` and a
 # `passed contains` rule that proves it.
-checks := {"COLLECTION_FORBIDDEN"}
+checks := {"COLLECTION_FORBIDDEN", "ROUTE_FORBIDDEN"}
 
 denials := sort(checks - passed)
 
@@ -43,4 +43,46 @@ passed contains "COLLECTION_FORBIDDEN" if {
 	is_string(tenant)
 	tenant != ""
 	tenant in tenants
+}
+
+# Routes. The gate filters what searches return, so a caller may only read:
+# GET and HEAD, and POST to the Qdrant endpoints that read points. Writes
+# (upsert, delete, set payload: they could touch another tenant's points) and
+# snapshots (a whole collection, chunk text included, past every per-chunk
+# check) are refused unless policy data opts in:
+#   data.retrieval_gate.routes = {"allow_writes": true, "allow_snapshots": true}
+read_endpoints := {
+	"", "search", "search/batch", "search/groups", "query", "query/batch", "query/groups",
+	"recommend", "recommend/batch", "recommend/groups", "discover", "discover/batch",
+	"scroll", "count",
+}
+
+snapshot_route if {
+	is_string(input.path)
+	"snapshots" in split(input.path, "/")
+}
+
+passed contains "ROUTE_FORBIDDEN" if {
+	input.method in {"GET", "HEAD"}
+	not snapshot_route
+}
+
+passed contains "ROUTE_FORBIDDEN" if {
+	input.method == "POST"
+	is_string(input.path)
+	parts := split(trim_right(input.path, "/"), "/")
+	count(parts) >= 4
+	parts[1] == "collections"
+	parts[3] == "points"
+	concat("/", array.slice(parts, 4, count(parts))) in read_endpoints
+}
+
+passed contains "ROUTE_FORBIDDEN" if {
+	data.retrieval_gate.routes.allow_writes == true
+	not snapshot_route
+}
+
+passed contains "ROUTE_FORBIDDEN" if {
+	snapshot_route
+	data.retrieval_gate.routes.allow_snapshots == true
 }

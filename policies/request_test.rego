@@ -40,7 +40,9 @@ test_undescribed_collection_is_allowed if {
 	denials_with({"collection": "public", "path": "/collections/public/points/search"}, owned) == []
 }
 
-test_route_without_collection_is_allowed if denials_with({"collection": null, "path": "/"}, owned) == []
+test_route_without_collection_is_allowed if {
+	denials_with({"collection": null, "method": "GET", "path": "/"}, owned) == []
+}
 
 test_without_data_everything_is_allowed if {
 	request.denials == [] with input as object.union(search, {"caller": {"tenant": "globex"}})
@@ -100,7 +102,7 @@ test_numeric_collection if {
 test_array_collection if denials_with({"collection": ["sops"]}, owned) == ["COLLECTION_FORBIDDEN"]
 
 test_missing_input if {
-	request.denials == ["COLLECTION_FORBIDDEN"] with input as {}
+	request.denials == ["COLLECTION_FORBIDDEN", "ROUTE_FORBIDDEN"] with input as {}
 }
 
 # Malformed data denies the collections it may describe
@@ -131,4 +133,59 @@ test_method_and_path_do_not_matter if {
 	other_route := {"method": "GET", "path": "/collections/public/points"}
 	denials_with(other_route, owned) == []
 	denials_with(other_route, {"sops": {"tenants": ["globex"]}}) == ["COLLECTION_FORBIDDEN"]
+}
+
+# Routes: reads only, unless policy data opts in
+
+route(method, path) := denials if {
+	denials := request.denials with input as object.union(search, {"method": method, "path": path})
+		with data.retrieval_gate.collections as {}
+}
+
+test_search_endpoints_are_reads if {
+	route("POST", "/collections/sops/points/search") == []
+	route("POST", "/collections/sops/points/query/batch") == []
+	route("POST", "/collections/sops/points/scroll/") == []
+	route("POST", "/collections/sops/points") == []
+	route("GET", "/collections/sops/points/7") == []
+	route("HEAD", "/collections/sops") == []
+}
+
+test_writes_are_refused_by_default if {
+	route("PUT", "/collections/sops/points") == ["ROUTE_FORBIDDEN"]
+	route("POST", "/collections/sops/points/delete") == ["ROUTE_FORBIDDEN"]
+	route("POST", "/collections/sops/points/payload") == ["ROUTE_FORBIDDEN"]
+	route("DELETE", "/collections/sops") == ["ROUTE_FORBIDDEN"]
+	route("POST", "/collections/sops/facet") == ["ROUTE_FORBIDDEN"]
+}
+
+test_snapshots_are_refused_even_to_read if {
+	route("GET", "/collections/sops/snapshots/s1.snapshot") == ["ROUTE_FORBIDDEN"]
+	route("GET", "/snapshots") == ["ROUTE_FORBIDDEN"]
+}
+
+test_writes_allowed_by_data if {
+	request.denials == [] with input as object.union(search, {"method": "PUT", "path": "/collections/sops/points"})
+		with data.retrieval_gate.collections as {}
+		with data.retrieval_gate.routes as {"allow_writes": true}
+}
+
+test_allow_writes_does_not_open_snapshots if {
+	denials := request.denials with input as object.union(search, {"method": "GET", "path": "/collections/sops/snapshots"})
+		with data.retrieval_gate.collections as {}
+		with data.retrieval_gate.routes as {"allow_writes": true}
+	denials == ["ROUTE_FORBIDDEN"]
+}
+
+test_snapshots_allowed_by_data if {
+	request.denials == [] with input as object.union(search, {"method": "GET", "path": "/collections/sops/snapshots"})
+		with data.retrieval_gate.collections as {}
+		with data.retrieval_gate.routes as {"allow_snapshots": true}
+}
+
+test_allow_flags_must_be_true if {
+	denials := request.denials with input as object.union(search, {"method": "PUT", "path": "/collections/sops/points"})
+		with data.retrieval_gate.collections as {}
+		with data.retrieval_gate.routes as {"allow_writes": "yes"}
+	denials == ["ROUTE_FORBIDDEN"]
 }

@@ -26,6 +26,25 @@ GATE_HEADER_PREFIX = "x-gate-"
 _COLLECTION = re.compile(r"/collections/([^/?]+)")
 
 
+def path_problem(path: str) -> str | None:
+    """Why a request path is not canonical, or None when it is.
+
+    Routes, collections and modes are matched on the path as written, while
+    the vector DB decodes it (Qdrant's router decodes %XX): ``/points/%73earch``
+    would be a search to the DB and an unknown route to the gate. So any path
+    that does not say what it means literally is refused rather than guessed.
+    """
+    if "%" in path:
+        return "percent-encoded path"
+    if "\\" in path:
+        return "backslash in path"
+    if "//" in path:
+        return "empty path segment"
+    if any(segment in (".", "..") for segment in path.split("/")):
+        return "dot segment in path"
+    return None
+
+
 def collection_of(path: str) -> str | None:
     """The collection named in a vector-DB path (``/collections/{name}/...``), if any."""
     match = _COLLECTION.search(path)
@@ -65,10 +84,16 @@ class RequestAccess:
 
     async def admit(self, request: AuthRequest) -> Admission:
         """Return the caller and the headers to strip, or raise AccessDenied."""
+        problem = path_problem(request.path)
+        if problem is not None:
+            log.info("request refused: %s", problem)
+            raise AccessDenied(400, "path_not_canonical")
         try:
             caller = await self._identity.identify(request)
         except IdentityError as exc:
-            raise AccessDenied(401, exc.code) from exc
+            # The identity provider being unreachable is an outage, not the caller's fault.
+            status = 503 if exc.code == "jwks_unavailable" else 401
+            raise AccessDenied(status, exc.code) from exc
         if self._request_policy is not None:
             self._check_policy(caller, request)
         strip = {h for h in request.headers if h.startswith(GATE_HEADER_PREFIX)}

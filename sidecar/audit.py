@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import orjson
 
@@ -60,24 +60,98 @@ def record_digest(record: Mapping[str, Any]) -> str:
     return hashlib.sha256(_canonical(body)).hexdigest()
 
 
+def _lines_from_end(
+    handle: BinaryIO, *, terminated_only: bool = False
+) -> Iterator[tuple[int, bytes]]:
+    """(byte offset, line) for each non-empty line, newest first, read in blocks from the end.
+
+    Logs grow large; finding the tail or the resume point must not read the whole file.
+    With ``terminated_only``, bytes after the last newline are skipped: a reader
+    in another thread may see a line the writer has only partly written.
+    """
+    position = handle.seek(0, os.SEEK_END)
+    partial = b""  # the start of a line that begins before ``position``
+    tail = True  # the first piece met is what follows the file's last newline
+    block = 64 * 1024
+    while position > 0:
+        step = min(block, position)
+        position -= step
+        handle.seek(position)
+        chunk = handle.read(step) + partial
+        pieces = chunk.split(b"\n")
+        partial = pieces.pop(0)
+        end = position + len(chunk)
+        for piece in reversed(pieces):
+            start = end - len(piece)
+            if piece and not (tail and terminated_only):
+                yield start, piece
+            tail = False
+            end = start - 1
+    if partial and not (tail and terminated_only):
+        yield 0, partial
+
+
 def _last_line(path: Path) -> bytes | None:
-    """The last non-empty line of a file, read from its end (logs grow large)."""
+    """The last non-empty line of a file."""
     with path.open("rb") as handle:
-        handle.seek(0, os.SEEK_END)
-        end = handle.tell()
-        block = 64 * 1024
-        data = b""
-        position = end
-        while position > 0:
-            step = min(block, position)
-            position -= step
-            handle.seek(position)
-            data = handle.read(step) + data
-            stripped = data.rstrip(b"\n")
-            if b"\n" in stripped:
-                return stripped.rsplit(b"\n", 1)[1]
-        stripped = data.rstrip(b"\n")
-        return stripped or None
+        return next((line for _, line in _lines_from_end(handle)), None)
+
+
+def offset_after(path: Path, seq: int) -> tuple[int, dict[str, Any] | None]:
+    """Where the record after ``seq`` starts in a JSON Lines audit log, and record ``seq``.
+
+    ``seq`` 0 is the start of the file (and no record). Reads from the end, so
+    finding a recent ``seq`` costs only the lines after it, and safe while
+    another thread appends. Raises AuditError when the log holds no record
+    ``seq`` or a line cannot be parsed.
+    """
+    if seq == 0:
+        return 0, None
+    with path.open("rb") as handle:
+        for start, line in _lines_from_end(handle, terminated_only=True):
+            try:
+                record = orjson.loads(line)
+                found = int(record["seq"])
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise AuditError(f"{path}: unreadable line at byte {start}") from exc
+            if found == seq:
+                return start + len(line) + 1, record
+            if found < seq:
+                break
+    raise AuditError(f"{path}: no record with seq {seq}")
+
+
+def _set_aside_torn_tail(path: Path) -> None:
+    with path.open("r+b") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        handle.seek(size - 1)
+        if handle.read(1) == b"\n":
+            return
+        # Find the start of the unterminated last line.
+        start = size
+        while start > 0:
+            step = min(64 * 1024, start)
+            handle.seek(start - step)
+            block = handle.read(step)
+            newline = block.rfind(b"\n")
+            if newline >= 0:
+                start = start - step + newline + 1
+                break
+            start -= step
+        handle.seek(start)
+        torn = handle.read()
+        with path.with_name(path.name + ".torn").open("ab") as aside:
+            aside.write(torn + b"\n")
+        handle.truncate(start)
+    log.warning(
+        "%s: set aside an unterminated last line (%d bytes, a write cut short by a crash) "
+        "to %s.torn",
+        path,
+        len(torn),
+        path.name,
+    )
 
 
 class JsonlAuditSink:
@@ -86,6 +160,10 @@ class JsonlAuditSink:
     The chain continues across restarts: on open, the last line gives the next
     ``seq`` and ``prev_sha256``. A last line that is not a valid record stops
     the sink from opening, because appending after it would hide the damage.
+    The one exception is a torn tail: a last line without its newline, cut
+    short when the process was killed mid-write. Its write never returned, so
+    no client received that decision; it is moved to ``<file>.torn`` (kept for
+    inspection) and the chain continues from the last complete line.
     """
 
     def __init__(self, path: Path) -> None:
@@ -94,6 +172,7 @@ class JsonlAuditSink:
         self._seq = 0
         self._prev = GENESIS
         if path.exists():
+            _set_aside_torn_tail(path)
             last = _last_line(path)
             if last is not None:
                 try:
@@ -144,6 +223,33 @@ class ChainReport:
     records: int
     head_sha256: str
     problem: str | None = None  # names the first broken or missing link
+    chain_id: str | None = None  # set for chains read from a shared store
+
+
+def chain_link_problem(
+    where: str, record: object, expected_seq: int, prev_sha256: str, before: str
+) -> str | None:
+    """Why ``record`` cannot follow a record whose digest is ``prev_sha256``, or None.
+
+    ``where`` names the record and ``before`` its predecessor in the message
+    (``line 3``/``line 2`` for a file, ``seq 3``/``seq 2`` for a table), so
+    every verifier reports a broken link in the same words.
+    """
+    if not isinstance(record, dict):
+        return f"{where}: not a JSON object"
+    if record.get("sha256") != record_digest(record):
+        return f"{where}: content does not match its sha256 (edited)"
+    if record.get("seq") != expected_seq:
+        return (
+            f"{where}: seq is {record.get('seq')}, expected {expected_seq} "
+            "(records removed or reordered)"
+        )
+    if record.get("prev_sha256") != prev_sha256:
+        return (
+            f"{where}: prev_sha256 does not match {before}'s sha256 "
+            "(records removed, reordered or rewritten)"
+        )
+    return None
 
 
 def _numbered_lines(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -155,38 +261,18 @@ def _numbered_lines(path: Path) -> Iterator[tuple[int, bytes]]:
 def verify_chain(path: Path) -> ChainReport:
     """Check every link of a JSON Lines audit log."""
     prev = GENESIS
-    expected_seq = 1
     count = 0
     for number, line in _numbered_lines(path):
+        where = f"line {number}"
         if not line:
-            return ChainReport(False, count, prev, f"line {number}: empty line inside the chain")
+            return ChainReport(False, count, prev, f"{where}: empty line inside the chain")
         try:
             record = orjson.loads(line)
         except orjson.JSONDecodeError:
-            return ChainReport(False, count, prev, f"line {number}: not valid JSON")
-        if not isinstance(record, dict):
-            return ChainReport(False, count, prev, f"line {number}: not a JSON object")
-        if record.get("sha256") != record_digest(record):
-            return ChainReport(
-                False, count, prev, f"line {number}: content does not match its sha256 (edited)"
-            )
-        if record.get("seq") != expected_seq:
-            return ChainReport(
-                False,
-                count,
-                prev,
-                f"line {number}: seq is {record.get('seq')}, expected {expected_seq} "
-                "(records removed or reordered)",
-            )
-        if record.get("prev_sha256") != prev:
-            return ChainReport(
-                False,
-                count,
-                prev,
-                f"line {number}: prev_sha256 does not match line {number - 1}'s sha256 "
-                "(records removed, reordered or rewritten)",
-            )
+            return ChainReport(False, count, prev, f"{where}: not valid JSON")
+        problem = chain_link_problem(where, record, count + 1, prev, f"line {number - 1}")
+        if problem is not None:
+            return ChainReport(False, count, prev, problem)
         prev = str(record["sha256"])
-        expected_seq += 1
         count += 1
     return ChainReport(True, count, prev)

@@ -11,14 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sidecar.audit import verify_chain
+from sidecar import audit_commands as audit_verify
 from sidecar.config import ConfigError, IdentityMode, Mode, Settings, load_settings
 from sidecar.envoy.bootstrap import Upstream
 from sidecar.envoy.process import EnvoyError
-from sidecar.metadata.open import open_store
 from sidecar.metadata.store import StoreUnavailable
-from sidecar.records import RecordsInvalid, load_jsonl
 from sidecar.server import Sidecar, SidecarServer, split_host_port
+from sidecar.store_commands import add_store_parsers
 
 log = logging.getLogger("retrieval_gate")
 
@@ -42,8 +41,16 @@ _SETTING_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--overfetch-factor", {"type": float, "help": "ask the DB for this many times k (1: off)"}),
     ("--metrics", {"help": "host:port to serve /metrics on"}),
     ("--audit-log", {"help": "append hash-chained decision records to this JSON Lines file"}),
+    ("--audit-store", {"help": "PostgreSQL URL: ship the audit log to its audit_records table"}),
     ("--max-body-bytes", {"type": int, "help": "largest response body inspected (4 MiB)"}),
     ("--cache-ttl-seconds", {"type": float, "help": "metadata cache TTL (30)"}),
+    (
+        "--stale-if-error-seconds",
+        {
+            "type": float,
+            "help": "serve expired records this long while the store fails (0: fail closed)",
+        },
+    ),
     ("--message-timeout-ms", {"type": int, "help": "Envoy's wait per message (2000)"}),
 )
 
@@ -99,35 +106,6 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
     )
 
 
-def _cmd_store_load(args: argparse.Namespace) -> int:
-    try:
-        records = load_jsonl(args.file)
-    except RecordsInvalid as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    try:
-        store = open_store(args.store)
-        try:
-            count = store.upsert(records)
-        finally:
-            store.close()
-    except (ValueError, StoreUnavailable) as exc:
-        print(f"error: nothing loaded: {exc}", file=sys.stderr)
-        return 1
-    # The store URL is not echoed: it may carry a password.
-    print(f"loaded {count} records from {args.file}")
-    return 0
-
-
-def _cmd_audit_verify(args: argparse.Namespace) -> int:
-    report = verify_chain(args.file)
-    if report.ok:
-        print(f"ok: {report.records} records, chain intact, head sha256 {report.head_sha256}")
-        return 0
-    print(f"BROKEN after {report.records} good records: {report.problem}", file=sys.stderr)
-    return 1
-
-
 def _cmd_policy_test(args: argparse.Namespace) -> int:
     from sidecar.policy.engine import PolicyError
     from sidecar.policy.rego_tests import run_rego_tests
@@ -176,17 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
     proxy.set_defaults(func=_cmd_proxy)
 
     store = commands.add_parser("store", help="manage the metadata store")
-    store_commands = store.add_subparsers(dest="store_command", required=True)
-    load = store_commands.add_parser("load", help="validate a JSON Lines file and upsert it")
-    load.add_argument("--store", required=True, help="store URL, e.g. sqlite:///gate.db")
-    load.add_argument("file", type=Path)
-    load.set_defaults(func=_cmd_store_load)
+    add_store_parsers(store.add_subparsers(dest="store_command", required=True))
 
     audit = commands.add_parser("audit", help="audit log tools")
     audit_commands = audit.add_subparsers(dest="audit_command", required=True)
     verify = audit_commands.add_parser("verify", help="check the hash chain of an audit log")
-    verify.add_argument("file", type=Path)
-    verify.set_defaults(func=_cmd_audit_verify)
+    audit_verify.add_verify_arguments(verify)
+    verify.set_defaults(func=audit_verify.verify)
 
     policy = commands.add_parser("policy", help="policy tools")
     policy_commands = policy.add_subparsers(dest="policy_command", required=True)
@@ -211,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         code: int = args.func(args)
-    except (ConfigError, EnvoyError, FileNotFoundError) as exc:
+    except (ConfigError, EnvoyError, FileNotFoundError, StoreUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -13,6 +13,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from sidecar.identity.claims import DEFAULT_PRINCIPAL_CLAIMS
+
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message names the setting."""
@@ -44,6 +46,7 @@ class RouteOptions:
     tenant_key: str | None = None
     push_down: bool | None = None
     overfetch_factor: float | None = None
+    substitute_superseded: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class RoutePolicy:
     mode: Mode
     tenant_key: str | None  # None: no tenant filter is injected upstream
     overfetch_factor: float  # <= 1: no over-fetch
+    substitute_superseded: bool  # replace a superseded chunk by its admitted successor
 
 
 @dataclass(frozen=True)
@@ -73,27 +77,32 @@ class Settings:
     audience: str | None = None
     jwt_leeway_seconds: float = 30.0
     tenant_claim: str = "tenant"
-    principal_claims: dict[str, str] = field(
-        default_factory=lambda: {"sub": "user", "groups": "group", "roles": "role"}
-    )
+    principal_claims: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PRINCIPAL_CLAIMS))
     drafts_scope: str | None = None
     # Request path: push the caller's tenant down into the vector DB query and
     # over-fetch so that filtering does not return short pages.
     tenant_key: str | None = None  # payload field holding the tenant; None: no push-down
     overfetch_factor: float = 1.0
     overfetch_cap: int = 1000
+    substitute_superseded: bool = False
     # Longest matching path prefix wins, e.g. {"/collections/sops/": RouteOptions(mode=STRICT)}.
     routes: dict[str, RouteOptions] = field(default_factory=dict)
     cache_ttl_seconds: float = 30.0
     cache_size: int = 100_000
     negative_cache_ttl_seconds: float = 5.0
     negative_cache_size: int = 100_000
+    # How long past its TTL a cached record may still be served while the store
+    # is failing. 0 (the default) fails closed: METADATA_UNAVAILABLE.
+    stale_if_error_seconds: float = 0.0
     # Largest response body the gate will inspect. Envoy's buffer limit and the
     # gRPC message limits are derived from it; a larger body is an error.
     max_body_bytes: int = 4 * 1024 * 1024
     grpc_listen: str = "127.0.0.1:9001"
     metrics: str | None = None  # host:port for /metrics; None disables
     audit_log: Path | None = None
+    # PostgreSQL URL for the durable audit trail; audit_log is then the local spool.
+    audit_store: str | None = None
+    audit_chain_id: str | None = None  # default: hostname + spool path digest
     message_timeout_ms: int = 2000  # Envoy's per-message wait for the sidecar
 
     @property
@@ -115,6 +124,11 @@ class Settings:
                 if options.overfetch_factor is not None
                 else self.overfetch_factor
             ),
+            substitute_superseded=(
+                options.substitute_superseded
+                if options.substitute_superseded is not None
+                else self.substitute_superseded
+            ),
         )
 
 
@@ -125,7 +139,12 @@ _POSITIVE_INTS = (
     "message_timeout_ms",
     "overfetch_cap",
 )
-_NON_NEGATIVE_FLOATS = ("cache_ttl_seconds", "negative_cache_ttl_seconds", "jwt_leeway_seconds")
+_NON_NEGATIVE_FLOATS = (
+    "cache_ttl_seconds",
+    "negative_cache_ttl_seconds",
+    "jwt_leeway_seconds",
+    "stale_if_error_seconds",
+)
 _PATHS = ("policy_dir", "policy_data", "audit_log", "jwt_public_key", "jwt_hmac_secret_file")
 
 
@@ -142,15 +161,16 @@ def _route_options(value: Any) -> RouteOptions:
     unknown = set(value) - {f.name for f in fields(RouteOptions)}
     if unknown:
         raise ValueError(f"unknown route option {sorted(unknown)[0]!r}")
-    push_down = value.get("push_down")
-    if push_down is not None and not isinstance(push_down, bool):
-        raise TypeError("push_down must be true or false")
+    for flag in ("push_down", "substitute_superseded"):
+        if value.get(flag) is not None and not isinstance(value[flag], bool):
+            raise TypeError(f"{flag} must be true or false")
     factor = value.get("overfetch_factor")
     return RouteOptions(
         mode=Mode(value["mode"]) if "mode" in value else None,
         tenant_key=value.get("tenant_key"),
-        push_down=push_down,
+        push_down=value.get("push_down"),
         overfetch_factor=None if factor is None else _factor(factor),
+        substitute_superseded=value.get("substitute_superseded"),
     )
 
 
@@ -178,6 +198,10 @@ def _convert(name: str, value: Any) -> Any:
             return tuple(value)
         if name == "overfetch_factor":
             return _factor(value)
+        if name == "substitute_superseded":
+            if not isinstance(value, bool):
+                raise TypeError("must be true or false")
+            return value
         if name in _NON_NEGATIVE_FLOATS:
             number = float(value)
             if number < 0:
@@ -211,6 +235,14 @@ def _check_identity(settings: Settings) -> None:
             raise ConfigError(f"identity {settings.identity.value!r} needs --issuer and --audience")
 
 
+def _check_audit(settings: Settings) -> None:
+    if settings.audit_store is not None and settings.audit_log is None:
+        raise ConfigError(
+            "setting 'audit_store' needs 'audit_log' (--audit-log): the local spool that "
+            "every decision is written to before it is shipped"
+        )
+
+
 def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
     """Defaults, then the TOML file at ``path`` (if any), then non-None ``overrides``."""
     known = {f.name for f in fields(Settings)}
@@ -230,4 +262,5 @@ def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = N
             values[name] = _convert(name, value)
     settings = replace(Settings(), **values)
     _check_identity(settings)
+    _check_audit(settings)
     return settings

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -22,7 +22,9 @@ import orjson
 from sidecar.audit import AuditError, AuditSink
 from sidecar.config import Mode, RoutePolicy
 from sidecar.formats import (
+    Candidate,
     MalformedBody,
+    Replacement,
     RequestRewrite,
     RequestRewriter,
     ResponseFormat,
@@ -33,8 +35,14 @@ from sidecar.gate import Gate, Verdict
 from sidecar.identity import Caller
 from sidecar.metadata.cache import CachedStore
 from sidecar.metrics import ADMITTED_REASON, GateMetrics
+from sidecar.reasons import Reason
+from sidecar.records import ChunkRecord
 
 log = logging.getLogger(__name__)
+
+
+# What may be wrong with a superseded chunk for its successor to take its place.
+_SUBSTITUTABLE = frozenset({Reason.STATUS_SUPERSEDED, Reason.EXPIRED})
 
 
 class Outcome:
@@ -122,15 +130,14 @@ class ResponseFilter:
         """Count a response on a route the gate does not inspect (or an upstream error)."""
         self._metrics.responses.labels(Outcome.PASSTHROUGH, format_name).inc()
 
-    def reject_unreadable(self, fmt: ResponseFormat, route: Route, why: str) -> FilterResult:
+    def reject_unreadable(
+        self, fmt: ResponseFormat, route: Route, caller: Caller, request_id: str, why: str
+    ) -> FilterResult:
         """Answer for a search response the gate cannot read (e.g. compressed): 502."""
-        mode = self._route_policy(route.path).mode
-        log.warning("unreadable %s response on a search route: %s", fmt.name, why)
-        if mode is Mode.AUDIT:
-            self._metrics.responses.labels(Outcome.PASSTHROUGH, fmt.name).inc()
-            return FilterResult(Outcome.PASSTHROUGH, 200, None)
-        self._metrics.responses.labels(Outcome.ERROR, fmt.name).inc()
-        return FilterResult(Outcome.ERROR, 502, _error_body("upstream_body_unreadable"))
+        log.warning("unreadable %s response on %s: %s", fmt.name, route.path, why)
+        return self._unreadable(
+            "upstream_body_unreadable", fmt, route, caller, request_id, time.perf_counter()
+        )
 
     async def filter(
         self,
@@ -147,38 +154,76 @@ class ResponseFilter:
         limits trim over-fetched results back to what the application asked for.
         """
         started = time.perf_counter()
-        mode = self._route_policy(route.path).mode
+        route_policy = self._route_policy(route.path)
+        mode = route_policy.mode
         decision_id = uuid.uuid4().hex
         try:
             parsed = fmt.parse(body, route)
         except MalformedBody as exc:
-            return self._malformed(exc, fmt, route, caller, request_id, mode, decision_id, started)
+            log.warning("malformed %s body on %s: %s", fmt.name, route.path, exc)
+            return self._unreadable(
+                "upstream_body_malformed", fmt, route, caller, request_id, started
+            )
 
         candidates = parsed.candidates
         ids = {c.chunk_id for c in candidates if c.chunk_id is not None and c.text is not None}
         lookup = await self._store.fetch_partial(ids)
-        verdict = self._gate.decide(
-            caller, candidates, lookup.records, lookup.unavailable, self._clock()
-        )
+        now = self._clock()
+        verdict = self._gate.decide(caller, candidates, lookup.records, lookup.unavailable, now)
         if verdict.policy_failed:
             self._metrics.policy_errors.inc()
+        replacements: dict[int, Replacement] = {}
+        if route_policy.substitute_superseded and mode is not Mode.AUDIT:
+            replacements = await self._successors(caller, verdict, lookup.records, now)
 
         limits = rewrite.limits if rewrite is not None and rewrite.overfetched else None
+        kept = verdict.admitted_positions | replacements.keys()
         try:
             outcome, status, new_body = self._apply_mode(
-                mode, verdict, lambda keep: parsed.render(keep, limits), trims=limits is not None
+                mode,
+                kept,
+                len(verdict.decisions),
+                lambda keep: parsed.render(keep, limits, replacements),
+                trims=limits is not None,
+                substitutes=bool(replacements),
             )
+            # Over-fetch trims admitted hits beyond k: the client gets fewer than kept.
+            released = parsed.released_positions(kept, limits) if limits is not None else None
         except MalformedBody as exc:
             # E.g. fewer sub-results than the rewritten request had sub-queries.
-            return self._malformed(exc, fmt, route, caller, request_id, mode, decision_id, started)
+            log.warning("malformed %s body on %s: %s", fmt.name, route.path, exc)
+            return self._unreadable(
+                "upstream_body_malformed", fmt, route, caller, request_id, started
+            )
         headers = {
             "x-retrieval-gate-decision-id": decision_id,
-            "x-retrieval-gate-admitted": str(verdict.admitted_count),
-            "x-retrieval-gate-rejected": str(verdict.rejected_count),
+            "x-retrieval-gate-admitted": str(len(kept) if released is None else len(released)),
+            "x-retrieval-gate-rejected": str(len(verdict.decisions) - len(kept)),
         }
         record = self._record(decision_id, request_id, caller, fmt, mode, verdict, started)
         record["tenant_filter"] = rewrite is not None and rewrite.tenant_filter
         record["overfetched"] = limits is not None
+        if released is not None:
+            by_position = {d.position: d.chunk_id for d in verdict.decisions}
+            record["released"] = [
+                replacements[p].chunk_id if p in replacements else by_position[p] for p in released
+            ]
+        if replacements:
+            record["admitted"] = [
+                replacements[d.position].chunk_id if d.position in replacements else d.chunk_id
+                for d in verdict.decisions
+                if d.position in kept
+            ]
+            record["substituted"] = [
+                {
+                    "position": d.position,
+                    "chunk_id": d.chunk_id,
+                    "substitute": replacements[d.position].chunk_id,
+                }
+                for d in verdict.decisions
+                if d.position in replacements
+            ]
+            self._metrics.substitutions.inc(len(replacements))
         try:
             self._write_audit(record | {"outcome": outcome})
         except AuditError:
@@ -200,48 +245,85 @@ class ResponseFilter:
             )
         return FilterResult(outcome, 200, new_body, headers)
 
-    def _malformed(
+    def _unreadable(
         self,
-        exc: MalformedBody,
+        error: str,
         fmt: ResponseFormat,
         route: Route,
         caller: Caller,
         request_id: str,
-        mode: Mode,
-        decision_id: str,
         started: float,
     ) -> FilterResult:
-        log.warning("malformed %s body on %s: %s", fmt.name, route.path, exc)
+        """A search response the gate cannot read: 502, or passed and recorded in audit mode."""
+        mode = self._route_policy(route.path).mode
+        decision_id = uuid.uuid4().hex
+        outcome = Outcome.PASSTHROUGH if mode is Mode.AUDIT else Outcome.ERROR
         self._write_audit(
             self._record(decision_id, request_id, caller, fmt, mode, None, started)
-            | {"outcome": Outcome.ERROR, "error": "upstream_body_malformed"}
+            | {"outcome": outcome, "error": error}
         )
+        self._metrics.responses.labels(outcome, fmt.name).inc()
         if mode is Mode.AUDIT:
-            self._metrics.responses.labels(Outcome.PASSTHROUGH, fmt.name).inc()
-            return FilterResult(Outcome.PASSTHROUGH, 200, None)
-        self._metrics.responses.labels(Outcome.ERROR, fmt.name).inc()
-        return FilterResult(Outcome.ERROR, 502, _error_body("upstream_body_malformed", decision_id))
+            return FilterResult(outcome, 200, None)
+        return FilterResult(outcome, 502, _error_body(error, decision_id))
+
+    async def _successors(
+        self,
+        caller: Caller,
+        verdict: Verdict,
+        records: Mapping[str, ChunkRecord],
+        now: datetime,
+    ) -> dict[int, Replacement]:
+        """Successors that take the place of superseded chunks, where they pass every check.
+
+        A chunk qualifies only when superseded (and perhaps expired with it) is
+        all that is wrong with it; the successor's text comes from the store and
+        is decided like any candidate, so nothing the caller may not read is
+        substituted.
+        """
+        wanted: dict[int, str] = {}
+        for decision in verdict.decisions:
+            reasons = set(decision.reasons)
+            if Reason.STATUS_SUPERSEDED not in reasons or not reasons <= _SUBSTITUTABLE:
+                continue
+            record = records.get(decision.chunk_id or "")
+            if record is not None and record.superseded_by:
+                wanted[decision.position] = record.superseded_by
+        if not wanted:
+            return {}
+        lookup = await self._store.fetch_partial(set(wanted.values()))
+        successors = [
+            Candidate(position, chunk_id, lookup.records[chunk_id].text)
+            for position, chunk_id in wanted.items()
+            if chunk_id in lookup.records
+        ]
+        decided = self._gate.decide(caller, successors, lookup.records, lookup.unavailable, now)
+        return {
+            d.position: Replacement(d.chunk_id, text)
+            for d, candidate in zip(decided.decisions, successors, strict=True)
+            if d.admitted and d.chunk_id is not None and (text := candidate.text) is not None
+        }
 
     @staticmethod
     def _apply_mode(
         mode: Mode,
-        verdict: Verdict,
+        kept: frozenset[int],
+        total: int,
         render: Callable[[frozenset[int]], bytes],
         *,
         trims: bool,
+        substitutes: bool,
     ) -> tuple[str, int, bytes | None]:
         if mode is Mode.AUDIT:
             # Over-fetched results still go back to the asked-for size.
-            all_positions = frozenset(d.position for d in verdict.decisions)
-            return Outcome.PASSTHROUGH, 200, render(all_positions) if trims else None
-        if verdict.rejected_count == 0:
-            if trims:
-                return Outcome.FILTERED, 200, render(verdict.admitted_positions)
-            return Outcome.FILTERED, 200, None
+            return Outcome.PASSTHROUGH, 200, render(frozenset(range(total))) if trims else None
+        if len(kept) == total:
+            # Nothing removed: the upstream body goes out unless trimmed or substituted.
+            return Outcome.FILTERED, 200, render(kept) if trims or substitutes else None
         if mode is Mode.STRICT:
             return Outcome.BLOCKED, 403, None
-        outcome = Outcome.ABSTAINED if verdict.admitted_count == 0 else Outcome.FILTERED
-        return outcome, 200, render(verdict.admitted_positions)
+        outcome = Outcome.ABSTAINED if not kept else Outcome.FILTERED
+        return outcome, 200, render(kept)
 
     def _record(
         self,

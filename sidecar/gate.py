@@ -107,10 +107,6 @@ class Gate:
         self._policy = policy
         self._order = order or ReasonOrder()
 
-    @property
-    def order(self) -> ReasonOrder:
-        return self._order
-
     def decide(
         self,
         caller: Caller,
@@ -183,4 +179,6 @@ class Gate:
                 reasons.extend(r if self._order.known(r) else Reason.POLICY_DENY for r in verdict)
         if not _text_matches(candidate.text, record.sha256):
             reasons.append(Reason.HASH_MISMATCH)
+        if record.requires_signature and not record.signature_valid:
+            reasons.append(Reason.SIGNATURE_MISSING)
         return ChunkDecision(candidate.position, chunk_id, self._order.sort(reasons))

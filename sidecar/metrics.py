@@ -6,7 +6,7 @@ custom reasons, format names, outcomes): never chunk text, ids or callers.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Responses are usually decided in well under 10 ms; the upper buckets catch
 # cold-store and overload tails.
@@ -48,14 +48,50 @@ class GateMetrics:
         self.store_errors = Counter(
             "retrieval_gate_store_errors", "Metadata store lookups that failed.", registry=r
         )
+        self.store_seconds = Histogram(
+            "retrieval_gate_store_seconds",
+            "Time of one batched metadata store lookup, failed or not.",
+            buckets=_DECISION_BUCKETS,
+            registry=r,
+        )
+        self.cache_evictions = Counter(
+            "retrieval_gate_cache_evictions",
+            "Cache entries dropped before expiry to respect the size bound.",
+            registry=r,
+        )
+        self.cache_invalidations = Counter(
+            "retrieval_gate_cache_invalidations",
+            "Chunk ids invalidated (store change notifications, upserts).",
+            registry=r,
+        )
+        self.cache_flushes = Counter(
+            "retrieval_gate_cache_flushes",
+            "Times the whole cache was dropped (e.g. the change listener reconnected).",
+            registry=r,
+        )
+        self.cache_stale_served = Counter(
+            "retrieval_gate_cache_stale_served",
+            "Expired records served because the store failed (stale_if_error).",
+            registry=r,
+        )
         self.policy_errors = Counter(
             "retrieval_gate_policy_errors", "Policy evaluations that failed.", registry=r
+        )
+        self.substitutions = Counter(
+            "retrieval_gate_substitutions",
+            "Superseded chunks replaced in place by their admitted successor.",
+            registry=r,
         )
         self.audit_records = Counter(
             "retrieval_gate_audit_records", "Audit records written.", registry=r
         )
         self.audit_errors = Counter(
             "retrieval_gate_audit_errors", "Audit records that could not be written.", registry=r
+        )
+        self.audit_backlog = Gauge(
+            "retrieval_gate_audit_backlog",
+            "Audit records spooled locally and not yet confirmed in the PostgreSQL audit table.",
+            registry=r,
         )
 
     # CacheObserver protocol (sidecar.metadata.cache): keeps the cache free of Prometheus.
@@ -69,3 +105,21 @@ class GateMetrics:
 
     def store_error(self) -> None:
         self.store_errors.inc()
+
+    def store_latency(self, seconds: float) -> None:
+        self.store_seconds.observe(seconds)
+
+    def evicted(self, n: int) -> None:
+        if n:
+            self.cache_evictions.inc(n)
+
+    def invalidated(self, n: int) -> None:
+        if n:
+            self.cache_invalidations.inc(n)
+
+    def cleared(self) -> None:
+        self.cache_flushes.inc()
+
+    def stale_served(self, n: int) -> None:
+        if n:
+            self.cache_stale_served.inc(n)

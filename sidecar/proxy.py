@@ -10,8 +10,9 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from sidecar.config import Settings
+from sidecar.config import IdentityMode, Settings
 from sidecar.envoy.bootstrap import Upstream, build_bootstrap
+from sidecar.envoy.jwt_authn import needs_generated_jwks, write_generated_jwks
 from sidecar.envoy.process import EnvoyProcess
 from sidecar.server import Sidecar, SidecarServer
 
@@ -46,10 +47,16 @@ async def run_proxy(
         workdir = Path(tmp)
         if private_socket:
             settings = replace(settings, grpc_listen=f"unix:{workdir / 'gate.sock'}")
+        generated_jwks = None
+        if settings.identity is IdentityMode.ENVOY_JWT and needs_generated_jwks(settings):
+            generated_jwks = workdir / "jwks.json"
+            write_generated_jwks(settings, generated_jwks)
         server = SidecarServer(Sidecar.from_settings(settings))
         await server.start()
         envoy = EnvoyProcess(
-            build_bootstrap(settings, listen=listen, upstream=upstream),
+            build_bootstrap(
+                settings, listen=listen, upstream=upstream, generated_jwks=generated_jwks
+            ),
             workdir,
             concurrency=envoy_concurrency,
         )

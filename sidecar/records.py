@@ -26,6 +26,14 @@ class Status(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ChunkRecord:
+    """One chunk's authoritative metadata (ARCHITECTURE.md, "The chunk record").
+
+    Every field but the last comes from the record contract. ``signature_valid``
+    is not part of it: the store derives it when it looks the record up (a valid
+    electronic signature exists for ``doc_id`` at ``version``), so input never
+    sets it and ``parse_record`` rejects it as an unknown field.
+    """
+
     chunk_id: str
     doc_id: str
     version: str
@@ -39,11 +47,18 @@ class ChunkRecord:
     superseded_by: str | None = None
     requires_signature: bool = False
     text: str | None = None
+    signature_valid: bool = False
 
 
 # Parsing and validation of the JSON Lines form (ARCHITECTURE.md, "The chunk record").
 
-RECORD_FIELDS: frozenset[str] = frozenset(field.name for field in fields(ChunkRecord))
+# Fields the store fills in on lookup; never read from input, never stored as given.
+DERIVED_FIELDS: frozenset[str] = frozenset({"signature_valid"})
+# The record contract's fields, in declaration order (the order of store columns).
+CONTRACT_FIELDS: tuple[str, ...] = tuple(
+    field.name for field in fields(ChunkRecord) if field.name not in DERIVED_FIELDS
+)
+RECORD_FIELDS: frozenset[str] = frozenset(CONTRACT_FIELDS)
 
 # Ids and field names come from the file; cap them so one absurd value cannot
 # flood an operator's terminal or a log line.
@@ -63,7 +78,8 @@ _ANY_CASE_HEX = re.compile(r"[0-9a-fA-F]{64}")
 _T = TypeVar("_T")
 
 
-def _quote(value: str) -> str:
+def quote_for_message(value: str) -> str:
+    """``value`` as a JSON string for an operator's message, cut to 80 characters."""
     if len(value) > _MAX_QUOTED_CHARS:
         value = value[:_MAX_QUOTED_CHARS] + "…"
     # json.dumps escapes control characters, so a value cannot forge extra lines.
@@ -100,10 +116,10 @@ class RecordError(ValueError):
             parts.append(f"line {self.line}")
         where = " ".join(parts)
         if self.chunk_id is not None:
-            chunk = f"chunk {_quote(self.chunk_id)}"
+            chunk = f"chunk {quote_for_message(self.chunk_id)}"
             where = f"{where} ({chunk})" if where else chunk
         if self.field is not None:
-            field = f"field {_quote(self.field)}"
+            field = f"field {quote_for_message(self.field)}"
             where = f"{where}, {field}" if where else field
         return f"{where}: {self.message}" if where else self.message
 
@@ -152,6 +168,42 @@ def parse_timestamp(value: str) -> datetime:
         return moment.astimezone(UTC)
     except (ValueError, OverflowError):
         raise ValueError("not a valid date and time (leap seconds are not supported)") from None
+
+
+def format_timestamp(moment: datetime) -> str:
+    """An aware datetime as RFC 3339 in UTC with zone ``Z`` (``parse_timestamp`` reads it back).
+
+    Raises ValueError for a naive datetime: its zone would be a guess.
+    """
+    if moment.utcoffset() is None:
+        raise ValueError("timestamp has no time zone; refusing to guess one")
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def record_to_json(record: ChunkRecord, *, with_text: bool = True) -> dict[str, object]:
+    """The record in its JSON Lines form, which ``parse_record`` accepts again.
+
+    Only contract fields are included (not ``signature_valid``). With
+    ``with_text=False`` the ``text`` field is left out, so that the chunk's
+    content does not end up on a terminal or in a log.
+    """
+    obj: dict[str, object] = {
+        "chunk_id": record.chunk_id,
+        "doc_id": record.doc_id,
+        "version": record.version,
+        "tenant_id": record.tenant_id,
+        "allowed_principals": list(record.allowed_principals),
+        "status": Status(record.status).value,
+        "effective_at": format_timestamp(record.effective_at),
+        "expires_at": None if record.expires_at is None else format_timestamp(record.expires_at),
+        "sha256": record.sha256,
+        "source_uri": record.source_uri,
+        "superseded_by": record.superseded_by,
+        "requires_signature": record.requires_signature,
+    }
+    if with_text:
+        obj["text"] = record.text
+    return obj
 
 
 def parse_record(obj: object, *, line: int | None = None, source: str | None = None) -> ChunkRecord:
@@ -294,7 +346,7 @@ def _principals(value: object) -> tuple[str, ...]:
 def _status(value: object) -> Status:
     if isinstance(value, str) and value in _STATUS_VALUES:
         return Status(value)
-    got = _quote(value) if isinstance(value, str) else _json_type(value)
+    got = quote_for_message(value) if isinstance(value, str) else _json_type(value)
     raise ValueError(f"must be one of {', '.join(Status)}; got {got}")
 
 
@@ -445,11 +497,14 @@ def _overlapping_versions(
                     break
             if conflict is not None:
                 other_line, other, _ = conflict
+                version = quote_for_message(record.version)
+                document = quote_for_message(record.doc_id)
+                other_version = quote_for_message(other.version)
                 errors.append(
                     RecordError(
-                        f"approved version {_quote(record.version)} of document "
-                        f"{_quote(record.doc_id)} is valid at the same time as approved version "
-                        f"{_quote(other.version)} on line {other_line} for an overlapping "
+                        f"approved version {version} of document {document} is valid at the "
+                        f"same time as approved version {other_version} on line {other_line} "
+                        f"for an overlapping "
                         f"audience; set expires_at on line {other_line} to at most this "
                         f"effective_at, or narrow the audience",
                         line=line,

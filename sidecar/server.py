@@ -13,6 +13,7 @@ from prometheus_client import start_http_server
 
 from sidecar.access import RequestAccess
 from sidecar.audit import AuditSink, JsonlAuditSink, NullAuditSink
+from sidecar.audit_postgres import PostgresAuditSink
 from sidecar.config import ConfigError, IdentityMode, Settings
 from sidecar.enforcement import ResponseFilter
 from sidecar.envoy.ext_authz import AuthorizationServicer
@@ -25,6 +26,7 @@ from sidecar.identity.envoy_jwt import EnvoyJwtPayload
 from sidecar.identity.headers import TrustedHeaders
 from sidecar.identity.jwt import JwtBearer, JwtVerifier, key_source
 from sidecar.metadata.cache import CachedStore
+from sidecar.metadata.listener import ChangeListener, change_listener
 from sidecar.metadata.open import open_store
 from sidecar.metrics import GateMetrics
 from sidecar.policy.regorus_engine import RegorusEngine
@@ -75,6 +77,21 @@ def build_identity(settings: Settings) -> IdentityProvider:
     raise ConfigError(f"unsupported identity mode {settings.identity!r}")
 
 
+def build_audit(settings: Settings, metrics: GateMetrics) -> AuditSink:
+    """The audit sink: nothing, a JSON Lines file, or that file as a spool shipped to PostgreSQL."""
+    if settings.audit_log is None:
+        log.warning("no audit log configured (--audit-log): decisions are not recorded")
+        return NullAuditSink()
+    if settings.audit_store is None:
+        return JsonlAuditSink(settings.audit_log)
+    sink = PostgresAuditSink(
+        settings.audit_log, settings.audit_store, chain_id=settings.audit_chain_id
+    )
+    metrics.audit_backlog.set_function(lambda: sink.backlog)
+    sink.start()
+    return sink
+
+
 def load_policy_data(settings: Settings) -> dict[str, Any] | None:
     """The --policy-data JSON document, or None."""
     if settings.policy_data is None:
@@ -102,28 +119,26 @@ class Sidecar:
     audit: AuditSink
     response_filter: ResponseFilter
     access: RequestAccess
+    listener: ChangeListener | None  # live invalidation (PostgreSQL); None for SQLite
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Sidecar:
         metrics = GateMetrics()
+        inner = open_store(settings.store)
         store = CachedStore(
-            open_store(settings.store),
+            inner,
             ttl=settings.cache_ttl_seconds,
             maxsize=settings.cache_size,
             negative_ttl=settings.negative_cache_ttl_seconds,
             negative_maxsize=settings.negative_cache_size,
+            stale_if_error_seconds=settings.stale_if_error_seconds,
             observer=metrics,
         )
         data = load_policy_data(settings)
         policy = RegorusEngine.from_directory(settings.policy_dir, data=data)
         request_policy = RequestPolicy.from_directory(settings.policy_dir, data=data)
         gate = Gate(policy, ReasonOrder(settings.custom_reasons))
-        audit: AuditSink
-        if settings.audit_log is None:
-            log.warning("no audit log configured (--audit-log): decisions are not recorded")
-            audit = NullAuditSink()
-        else:
-            audit = JsonlAuditSink(settings.audit_log)
+        audit = build_audit(settings, metrics)
         response_filter = ResponseFilter(
             formats=build_formats(settings),
             store=store,
@@ -135,11 +150,15 @@ class Sidecar:
         )
         log.info("policy %s loaded from %s", policy.version, settings.policy_dir)
         access = RequestAccess(build_identity(settings), request_policy)
-        return cls(settings, metrics, store, audit, response_filter, access)
+        listener = change_listener(inner, store)
+        return cls(settings, metrics, store, audit, response_filter, access, listener)
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
+        """Stop listening, ship or close the audit trail, close the store."""
+        if self.listener is not None:
+            await self.listener.stop()
         self.audit.close()
-        self.store.close()
+        await self.store.aclose()
 
 
 class SidecarServer:
@@ -163,6 +182,13 @@ class SidecarServer:
 
     async def start(self) -> None:
         settings = self.sidecar.settings
+        listener = self.sidecar.listener
+        if listener is not None:
+            await listener.start()
+            # Serving before the first LISTEN would miss revocations meanwhile;
+            # the cache starts empty, so a late start only costs store lookups.
+            if not await listener.wait_listening(5.0):
+                log.warning("change listener not connected yet; cache TTL bounds staleness")
         address = settings.grpc_listen
         if self._grpc.add_insecure_port(address) == 0 and not address.startswith("unix:"):
             raise OSError(f"cannot listen on {address}")
@@ -182,4 +208,4 @@ class SidecarServer:
         await self._grpc.stop(grace)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
-        self.sidecar.close()
+        await self.sidecar.aclose()

@@ -22,9 +22,10 @@ from typing import Any
 
 import orjson
 
-from sidecar.config import load_settings
+from sidecar.config import IdentityMode, load_settings
 from sidecar.demo.upstream import FixtureUpstream
 from sidecar.envoy.bootstrap import Upstream, build_bootstrap
+from sidecar.envoy.jwt_authn import needs_generated_jwks, write_generated_jwks
 from sidecar.envoy.process import envoy_command, read_admin_address
 
 CLI = [sys.executable, "-m", "sidecar.cli"]
@@ -160,10 +161,15 @@ class GateStack:
 
     def _start_envoy(self) -> None:
         settings = load_settings(None, dict(self._config))
+        generated_jwks = None
+        if settings.identity is IdentityMode.ENVOY_JWT and needs_generated_jwks(settings):
+            generated_jwks = self.workdir / "generated-jwks.json"
+            write_generated_jwks(settings, generated_jwks)
         bootstrap = build_bootstrap(
             settings,
             listen=("127.0.0.1", self.listen_port),
             upstream=Upstream.parse(self.upstream.url),
+            generated_jwks=generated_jwks,
         )
         config = self.workdir / "envoy.json"
         config.write_text(json.dumps(bootstrap))

@@ -1,13 +1,22 @@
-"""The hash-chained JSON Lines audit sink and `audit verify`."""
+"""The hash-chained JSON Lines audit sink and `audit verify FILE`."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import orjson
 import pytest
 
-from sidecar.audit import GENESIS, AuditError, JsonlAuditSink, record_digest, verify_chain
+from sidecar.audit import (
+    GENESIS,
+    AuditError,
+    JsonlAuditSink,
+    offset_after,
+    record_digest,
+    verify_chain,
+)
+from sidecar.audit_commands import add_verify_arguments, verify
 from sidecar.cli import main
 
 
@@ -83,13 +92,24 @@ def test_rewritten_chain_with_recomputed_digest_still_breaks_the_link(tmp_path: 
     assert report.problem is not None and report.problem.startswith("line 2: prev_sha256")
 
 
-def test_sink_refuses_to_append_after_a_damaged_tail(tmp_path: Path) -> None:
+def test_sink_refuses_to_append_after_a_damaged_last_line(tmp_path: Path) -> None:
     log = tmp_path / "audit.jsonl"
     write(log, 2)
     with log.open("ab") as handle:
-        handle.write(b'{"half a rec')
+        handle.write(b'{"not": "a record"}\n')
     with pytest.raises(AuditError, match="last line is not an intact audit record"):
         JsonlAuditSink(log)
+
+
+def test_torn_tail_from_a_crash_is_set_aside_and_the_chain_continues(tmp_path: Path) -> None:
+    log = tmp_path / "audit.jsonl"
+    write(log, 2)
+    with log.open("ab") as handle:
+        handle.write(b'{"decision_id":"d9","half a rec')  # killed mid-write: no newline
+    write(log, 1)
+    assert [orjson.loads(line)["seq"] for line in lines(log)] == [1, 2, 3]
+    assert verify_chain(log).ok
+    assert (tmp_path / "audit.jsonl.torn").read_bytes() == b'{"decision_id":"d9","half a rec\n'
 
 
 def test_cli_verify_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -101,3 +121,77 @@ def test_cli_verify_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str
     log.write_bytes(content[1] + b"\n")
     assert main(["audit", "verify", str(log)]) == 1
     assert "line 1" in capsys.readouterr().err
+
+
+def test_offset_after_finds_the_resume_point_across_blocks(tmp_path: Path) -> None:
+    log = tmp_path / "audit.jsonl"
+    sink = JsonlAuditSink(log)
+    for i in range(3000):
+        sink.write({"decision_id": f"d{i}", "padding": "x" * 100})  # ~0.5 MB: many blocks
+    sink.close()
+    content = log.read_bytes()
+    assert offset_after(log, 0) == (0, None)
+    for seq in (1, 1500, 2999):
+        offset, found = offset_after(log, seq)
+        assert found is not None and found["seq"] == seq
+        assert orjson.loads(content[offset:].split(b"\n", 1)[0])["seq"] == seq + 1
+    assert offset_after(log, 3000)[0] == len(content)
+    with pytest.raises(AuditError, match="no record with seq 3001"):
+        offset_after(log, 3001)
+
+
+def test_a_last_line_longer_than_a_block_is_found(tmp_path: Path) -> None:
+    log = tmp_path / "audit.jsonl"
+    sink = JsonlAuditSink(log)
+    sink.write({"decision_id": "d0"})
+    sink.write({"decision_id": "d1", "admitted": ["c" * 100] * 2000})  # ~200 KB
+    sink.close()
+    assert JsonlAuditSink(log).head == (2, orjson.loads(lines(log)[1])["sha256"])
+
+
+def run_verify(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    add_verify_arguments(parser)
+    return verify(parser.parse_args(argv))
+
+
+def test_verify_command_on_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "audit.jsonl"
+    write(log, 2)
+    assert run_verify(str(log)) == 0
+    assert "ok: 2 records, chain intact" in capsys.readouterr().out
+    log.write_bytes(lines(log)[1] + b"\n")
+    assert run_verify(str(log)) == 1
+    assert "BROKEN after 0 good records: line 1: seq is 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ((), "give either an audit log FILE or --store URL"),
+        (("audit.jsonl", "--store", "postgresql://db/a"), "give either"),
+        (("audit.jsonl", "--chain", "a"), "--chain applies to --store only"),
+        (("missing.jsonl",), "no such audit log"),
+    ],
+)
+def test_verify_command_usage_errors(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: tuple[str, ...],
+    message: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "audit.jsonl", 1)
+    assert run_verify(*argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_offset_after_ignores_a_line_still_being_written(tmp_path: Path) -> None:
+    log = tmp_path / "audit.jsonl"
+    write(log, 2)
+    size = log.stat().st_size
+    with log.open("ab") as handle:
+        handle.write(b'{"decision_id":"d2","seq":3,"pre')  # another thread's write in flight
+    offset, found = offset_after(log, 2)
+    assert offset == size and found is not None and found["seq"] == 2

@@ -49,12 +49,20 @@ class FakeStore:
     def close(self) -> None:
         self.closed = True
 
+    async def aclose(self) -> None:
+        self.close()
+
 
 class CountingObserver:
     def __init__(self) -> None:
         self.hits = 0
         self.misses = 0
         self.store_errors = 0
+        self.latencies: list[float] = []
+        self.evictions = 0
+        self.invalidations = 0
+        self.clears = 0
+        self.stale = 0
 
     def hit(self, n: int) -> None:
         self.hits += n
@@ -64,6 +72,21 @@ class CountingObserver:
 
     def store_error(self) -> None:
         self.store_errors += 1
+
+    def store_latency(self, seconds: float) -> None:
+        self.latencies.append(seconds)
+
+    def evicted(self, n: int) -> None:
+        self.evictions += n
+
+    def invalidated(self, n: int) -> None:
+        self.invalidations += n
+
+    def cleared(self) -> None:
+        self.clears += 1
+
+    def stale_served(self, n: int) -> None:
+        self.stale += n
 
 
 @pytest.fixture
@@ -212,12 +235,23 @@ def test_close_closes_the_inner_store(cache: CachedStore, inner: FakeStore) -> N
     assert inner.closed
 
 
+def test_aclose_closes_the_inner_store(cache: CachedStore, inner: FakeStore) -> None:
+    asyncio.run(cache.aclose())
+    assert inner.closed
+
+
 @pytest.mark.parametrize(
     "settings",
-    [{"ttl": 0}, {"negative_ttl": -1}, {"maxsize": 0}, {"negative_maxsize": 0}],
+    [
+        {"ttl": 0},
+        {"negative_ttl": -1},
+        {"maxsize": 0},
+        {"negative_maxsize": 0},
+        {"stale_if_error_seconds": -1},
+    ],
 )
 def test_nonsense_settings_are_refused(inner: FakeStore, settings: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match=r"positive|negative"):
         CachedStore(inner, **settings)  # type: ignore[arg-type]
 
 
@@ -239,3 +273,161 @@ def test_works_over_the_sqlite_store(tmp_path: Path, clock: FakeClock) -> None:
         assert fetch_partial(cache, ["a", "b"]) == Lookup({"a": record("a")}, frozenset())
     finally:
         cache.close()
+
+
+# --- stale-if-error --------------------------------------------------------------------
+
+STALE = 10.0
+
+
+@pytest.fixture
+def lenient(inner: FakeStore, clock: FakeClock, observer: CountingObserver) -> CachedStore:
+    return CachedStore(
+        inner,
+        ttl=TTL,
+        negative_ttl=NEGATIVE_TTL,
+        stale_if_error_seconds=STALE,
+        observer=observer,
+        timer=clock,
+    )
+
+
+def test_stale_records_are_served_only_while_the_store_fails(
+    lenient: CachedStore, inner: FakeStore, clock: FakeClock, observer: CountingObserver
+) -> None:
+    fetch(lenient, ["a"])
+    inner.records["a"] = record("a", status=Status.REVOKED)
+    clock.now += TTL + STALE / 2
+    # The store answers: its answer wins over the expired entry.
+    assert fetch(lenient, ["a"])["a"].status is Status.REVOKED
+    clock.now += TTL + STALE / 2
+    inner.failing = True
+    assert fetch_partial(lenient, ["a"]) == Lookup(
+        {"a": record("a", status=Status.REVOKED)}, frozenset()
+    )
+    assert fetch(lenient, ["a"]) == {"a": record("a", status=Status.REVOKED)}
+    assert observer.stale == 2
+    assert observer.store_errors == 2
+
+
+def test_stale_window_ends(
+    lenient: CachedStore, inner: FakeStore, clock: FakeClock, observer: CountingObserver
+) -> None:
+    fetch(lenient, ["a", "b"])
+    inner.failing = True
+    clock.now += TTL + STALE - 0.1
+    assert fetch_partial(lenient, ["a", "b"]).records.keys() == {"a", "b"}
+    clock.now += 0.2
+    assert fetch_partial(lenient, ["a", "b"]) == Lookup({}, frozenset({"a", "b"}))
+    with pytest.raises(StoreUnavailable):
+        fetch(lenient, ["a"])
+
+
+def test_fetch_raises_unless_stale_entries_answer_every_miss(
+    lenient: CachedStore, inner: FakeStore, clock: FakeClock
+) -> None:
+    fetch(lenient, ["a"])
+    clock.now += TTL + 1
+    inner.failing = True
+    assert fetch(lenient, ["a"]) == {"a": record("a")}
+    with pytest.raises(StoreUnavailable):
+        fetch(lenient, ["a", "b"])
+    assert fetch_partial(lenient, ["a", "b"]) == Lookup({"a": record("a")}, frozenset({"b"}))
+
+
+def test_default_window_is_zero_fail_closed(
+    cache: CachedStore, inner: FakeStore, clock: FakeClock, observer: CountingObserver
+) -> None:
+    fetch(cache, ["a"])
+    clock.now += TTL + 0.001
+    inner.failing = True
+    assert fetch_partial(cache, ["a"]) == Lookup({}, frozenset({"a"}))
+    assert observer.stale == 0
+
+
+def test_invalidated_or_cleared_entries_are_never_served_stale(
+    lenient: CachedStore, inner: FakeStore, clock: FakeClock
+) -> None:
+    fetch(lenient, ["a", "b"])
+    clock.now += TTL + 1
+    inner.failing = True
+    lenient.invalidate(["a"])
+    assert fetch_partial(lenient, ["a", "b"]) == Lookup({"b": record("b")}, frozenset({"a"}))
+    lenient.clear()
+    assert fetch_partial(lenient, ["b"]) == Lookup({}, frozenset({"b"}))
+
+
+def test_record_deleted_in_the_store_is_not_served_stale(
+    lenient: CachedStore, inner: FakeStore, clock: FakeClock
+) -> None:
+    fetch(lenient, ["a"])
+    del inner.records["a"]
+    clock.now += TTL + 1
+    assert fetch(lenient, ["a"]) == {}
+    clock.now += NEGATIVE_TTL + 1
+    inner.failing = True
+    assert fetch_partial(lenient, ["a"]) == Lookup({}, frozenset({"a"}))
+
+
+def test_invalidation_during_a_failing_lookup_is_honoured(
+    inner: FakeStore, clock: FakeClock
+) -> None:
+    class FailingAfterInvalidation(FakeStore):
+        async def fetch(self, chunk_ids: Collection[str]) -> Mapping[str, ChunkRecord]:
+            if self.failing:
+                cache.invalidate(["a"])  # the notification arrives while the lookup fails
+            return await super().fetch(chunk_ids)
+
+    store = FailingAfterInvalidation(record("a"))
+    cache = CachedStore(store, ttl=TTL, stale_if_error_seconds=STALE, timer=clock)
+    fetch(cache, ["a"])
+    clock.now += TTL + 1
+    store.failing = True
+    assert fetch_partial(cache, ["a"]) == Lookup({}, frozenset({"a"}))
+
+
+# --- observer ----------------------------------------------------------------------------
+
+
+def test_size_bound_evictions_are_reported(
+    inner: FakeStore, clock: FakeClock, observer: CountingObserver
+) -> None:
+    inner.records.update((f"c-{n}", record(f"c-{n}")) for n in range(5))
+    cache = CachedStore(inner, maxsize=3, negative_maxsize=1, observer=observer, timer=clock)
+    fetch(cache, [f"c-{n}" for n in range(5)])
+    assert observer.evictions == 2
+    fetch(cache, ["x", "y"])
+    assert observer.evictions == 3
+    cache.clear()
+    assert observer.evictions == 3  # clearing is not evicting
+    assert observer.clears == 1
+
+
+def test_expiry_is_not_an_eviction(
+    cache: CachedStore, clock: FakeClock, observer: CountingObserver
+) -> None:
+    fetch(cache, ["a"])
+    clock.now += TTL + 1
+    fetch(cache, ["a", "b"])
+    assert observer.evictions == 0
+
+
+def test_invalidations_and_clears_are_reported(
+    cache: CachedStore, observer: CountingObserver
+) -> None:
+    cache.invalidate(["a", "b", "never-cached"])
+    cache.invalidate([])
+    cache.upsert([record("c")])
+    cache.clear()
+    assert (observer.invalidations, observer.clears) == (4, 1)
+
+
+def test_store_latency_is_reported_per_store_call(
+    cache: CachedStore, inner: FakeStore, observer: CountingObserver
+) -> None:
+    fetch(cache, ["a", "b"])
+    fetch(cache, ["a", "b"])  # all hits: no store call
+    inner.failing = True
+    fetch_partial(cache, ["x"])
+    assert len(observer.latencies) == 2
+    assert all(0 <= seconds < 1 for seconds in observer.latencies)

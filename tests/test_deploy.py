@@ -10,6 +10,7 @@ import pytest
 
 from sidecar.config import IdentityMode, Settings
 from sidecar.envoy.bootstrap import Upstream, build_bootstrap
+from sidecar.envoy.jwt_authn import write_generated_jwks
 from sidecar.envoy.process import find_envoy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,9 +85,18 @@ def test_envoy_jwt_bootstrap_is_valid(tmp_path: Path, keys: str) -> None:
         (tmp_path / "secret").write_bytes(tokens.hmac_secret())
         options["jwt_hmac_secret_file"] = tmp_path / "secret"
     settings = Settings(identity=IdentityMode.ENVOY_JWT, **options)  # type: ignore[arg-type]
+    generated = None
+    if keys in ("pem", "hmac"):
+        generated = tmp_path / "generated.json"
+        write_generated_jwks(settings, generated)
+        assert generated.stat().st_mode & 0o077 == 0  # only the owner may read the key
     bootstrap = build_bootstrap(
-        settings, listen=("127.0.0.1", 16335), upstream=Upstream.parse("http://127.0.0.1:6333")
+        settings,
+        listen=("127.0.0.1", 16335),
+        upstream=Upstream.parse("http://127.0.0.1:6333"),
+        generated_jwks=generated,
     )
+    assert "inline_string" not in json.dumps(bootstrap)  # no key material in the config
     hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
     names = [f["name"] for f in hcm["typed_config"]["http_filters"]]
     assert names[:3] == [
@@ -98,3 +108,25 @@ def test_envoy_jwt_bootstrap_is_valid(tmp_path: Path, keys: str) -> None:
     config.write_text(json.dumps(bootstrap))
     done = validate(config)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [("short-hmac", "at least 32"), ("small-rsa", "unsupported key type")],
+)
+def test_envoy_jwt_refuses_weak_keys(tmp_path: Path, kind: str, message: str) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    if kind == "short-hmac":
+        (tmp_path / "key").write_bytes(b"too short")
+        settings = Settings(identity=IdentityMode.ENVOY_JWT, jwt_hmac_secret_file=tmp_path / "key")
+    else:
+        weak = rsa.generate_private_key(public_exponent=65537, key_size=1024).public_key()
+        pem = weak.public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        (tmp_path / "key").write_bytes(pem)
+        settings = Settings(identity=IdentityMode.ENVOY_JWT, jwt_public_key=tmp_path / "key")
+    with pytest.raises(ValueError, match=message):
+        write_generated_jwks(settings, tmp_path / "out.json")

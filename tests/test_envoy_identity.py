@@ -121,23 +121,25 @@ def _bad_tokens(key: tokens.KeyPair) -> dict[str, str | None]:
 
 
 @pytest.mark.parametrize(
-    "case",
+    ("case", "code"),
     [
-        "expired",
-        "wrong issuer",
-        "wrong audience",
-        "bad signature",
-        "tampered",
-        "alg none",
-        "missing",
+        ("expired", "token_expired"),
+        ("wrong issuer", "issuer_mismatch"),
+        ("wrong audience", "audience_mismatch"),
+        ("bad signature", "signature_invalid"),
+        ("tampered", "signature_invalid"),
+        ("alg none", None),
+        ("missing", "token_missing"),
     ],
 )
 def test_invalid_tokens_are_401_and_never_reach_the_db(
-    stack: GateStack, rsa_key: tokens.KeyPair, case: str
+    stack: GateStack, rsa_key: tokens.KeyPair, case: str, code: str | None
 ) -> None:
     stack.upstream.requests.clear()
     response = search(stack, _bad_tokens(rsa_key)[case])
     assert response.status == 401, (case, response.status, response.body)
+    if code is not None:
+        assert response.json() == {"error": code}
     assert stack.upstream.requests == []
 
 
@@ -237,5 +239,21 @@ def test_sidecar_verified_jwt(tmp_path: Path, kind: str) -> None:
             "error": "algorithm_not_allowed"
         }
         assert search(gate, None).json() == {"error": "token_missing"}
+    finally:
+        gate.stop()
+
+
+def test_overfetch_audit_record_names_only_what_was_released(tmp_path: Path) -> None:
+    records = [record_dict(str(i)) for i in range(1, 11)]
+    gate = GateStack(tmp_path, records, config={"overfetch_factor": 2}).start()
+    try:
+        ten = [qb.point(i, text_for(str(i)), score=1 - i / 100) for i in range(1, 11)]
+        gate.upstream.respond("POST", SEARCH, CannedResponse(qb.encode(qb.search_body(ten))))
+        response = gate.search(SEARCH, body=b'{"vector":[0.1],"limit":3}')
+        assert ids(response) == [1, 2, 3]
+        assert response.headers["x-retrieval-gate-admitted"] == "3"
+        record = gate.audit_records()[-1]
+        assert record["released"] == ["1", "2", "3"]
+        assert len(record["admitted"]) == 10  # what the policy admitted, before trimming
     finally:
         gate.stop()

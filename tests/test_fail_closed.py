@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import gzip
-from collections.abc import Iterator
+import signal
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from sidecar.demo.upstream import CannedResponse
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.records import record_dict, text_for
-from tests.harness import GateStack
+from tests.harness import GateStack, HttpResult
 
 pytestmark = pytest.mark.envoy
 
@@ -29,6 +32,40 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GateStack]:
     gate.upstream.respond("POST", SEARCH, CannedResponse(qb.encode(qb.search_body(POINTS))))
     yield gate
     gate.stop()
+
+
+def _slow_search(stack: GateStack, during: Callable[[], None]) -> HttpResult:
+    """A search whose upstream answers after 1 s, with ``during`` run meanwhile."""
+    body = qb.encode(qb.search_body(POINTS))
+    stack.upstream.respond("POST", SEARCH, CannedResponse(body, delay_seconds=1.0))
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(stack.search, SEARCH)
+        time.sleep(0.4)  # past ext_authz; ext_proc's stream is open; the DB is "working"
+        during()
+        return pending.result()
+
+
+def test_sidecar_killed_mid_request_gives_5xx_never_the_body(stack: GateStack) -> None:
+    # ext_proc, not ext_authz, is what fails here: failure_mode_allow true would leak.
+    response = _slow_search(stack, stack.kill_sidecar)
+    assert 500 <= response.status < 600, response.status
+    assert SECRET.encode() not in response.body
+    assert b"Text of chunk" not in response.body
+
+
+def test_sidecar_too_slow_gives_5xx_never_the_body(stack: GateStack) -> None:
+    assert stack.sidecar is not None
+    sidecar = stack.sidecar
+
+    def freeze() -> None:
+        sidecar.send_signal(signal.SIGSTOP)
+
+    try:
+        response = _slow_search(stack, freeze)  # Envoy's message_timeout (2 s) expires
+    finally:
+        sidecar.send_signal(signal.SIGCONT)
+    assert 500 <= response.status < 600, response.status
+    assert SECRET.encode() not in response.body
 
 
 def test_sidecar_killed_while_envoy_runs_gives_5xx_never_the_body(stack: GateStack) -> None:
@@ -85,3 +122,24 @@ def test_gzip_body_from_an_upstream_that_ignores_accept_encoding_is_502(
     assert response.status == 502
     assert response.json()["error"] == "upstream_body_unreadable"
     assert compressed not in response.body
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/collections/docs/points/%73earch",
+        "/collections/%64ocs/points/search",
+        "/collections//docs/points/search",
+        "/collections/docs/points/./search",
+        "/collections/docs/points/x/../search",
+        "/collections/docs%2Fpoints/search",
+    ],
+)
+def test_encoded_or_dotted_paths_never_skip_the_filter(stack: GateStack, path: str) -> None:
+    response = stack.search(path)
+    assert SECRET.encode() not in response.body, (path, response.status)
+    if response.status == 200:
+        # Envoy normalised the path to the real search route: filtered as usual.
+        assert [hit["id"] for hit in response.json()["result"]] == [1]
+    else:
+        assert response.status == 400, (path, response.status)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -75,6 +76,15 @@ def test_each_record_check_yields_its_reason(
     gate: Gate, overrides: dict[str, Any], expected: Reason
 ) -> None:
     assert decide_one(gate, record("c1", **overrides)) == (expected,)
+
+
+def test_signature_required_but_not_valid_is_signature_missing(gate: Gate) -> None:
+    unsigned = record("c1", requires_signature=True)
+    assert decide_one(gate, unsigned) == (Reason.SIGNATURE_MISSING,)
+    signed = dataclasses.replace(unsigned, signature_valid=True)
+    assert decide_one(gate, signed) == ()
+    tampered = dataclasses.replace(unsigned, sha256="0" * 64)
+    assert decide_one(gate, tampered) == (Reason.HASH_MISMATCH, Reason.SIGNATURE_MISSING)
 
 
 def test_chunk_without_id_or_text_is_malformed(gate: Gate) -> None:

@@ -152,6 +152,20 @@ def test_data_survives_reopening(db_path: Path) -> None:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
 
+def test_version_1_file_is_upgraded_in_place(db_path: Path) -> None:
+    SqliteStore(db_path).close()
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("DROP TABLE electronic_signatures")
+        raw.execute("UPDATE schema_version SET version = 1")
+    store = SqliteStore(db_path)
+    store.upsert([record("c-1")])
+    assert run(store, ["c-1"]) == {"c-1": record("c-1")}
+    store.close()
+    with sqlite3.connect(db_path) as raw:
+        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
+        assert raw.execute("SELECT count(*) FROM electronic_signatures").fetchone() == (0,)
+
+
 def test_unknown_schema_version_is_refused(db_path: Path) -> None:
     SqliteStore(db_path).close()
     with sqlite3.connect(db_path) as raw:
@@ -257,7 +271,7 @@ def test_open_store_absolute_path(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("postgresql://gate:s3cret@db/gate", "'postgresql'.*not supported yet"),
+        ("postgresql://gate:s3cret/x@db/gate", "password in PostgreSQL URL .* is ambiguous"),
         ("mysql://db/gate", "unsupported metadata store URL scheme 'mysql'"),
         ("/var/lib/gate/meta.db", "no scheme"),
         ("sqlite://meta.db", "three slashes"),

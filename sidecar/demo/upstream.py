@@ -10,6 +10,7 @@ so tests can check what reached the "database".
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +21,7 @@ class CannedResponse:
     body: bytes
     status: int = 200
     headers: Mapping[str, str] = field(default_factory=lambda: {"content-type": "application/json"})
+    delay_seconds: float = 0.0  # a slow database, for tests of what happens meanwhile
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ class FixtureUpstream:
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 upstream._record(SeenRequest(self.command, self.path, headers, body))
                 canned = upstream._lookup(self.command, self.path)
+                if canned.delay_seconds:
+                    time.sleep(canned.delay_seconds)
                 self.send_response(canned.status)
                 for name, value in canned.headers.items():
                     self.send_header(name, value)

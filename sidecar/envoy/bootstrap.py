@@ -8,12 +8,14 @@ are what a mesh configuration must reproduce.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from sidecar.config import IdentityMode, Settings
-from sidecar.envoy.jwt_authn import NAMESPACE as JWT_NAMESPACE
+from sidecar.envoy.ext_proc import IDENTITY_NAMESPACE
 from sidecar.envoy.jwt_authn import jwks_cluster, jwt_authn_filter
+from sidecar.identity.envoy_jwt import JWT_AUTHN_NAMESPACE
 
 _TYPE = "type.googleapis.com/"
 SIDECAR_CLUSTER = "retrieval_gate_sidecar"
@@ -53,12 +55,16 @@ def _seconds(ms: int) -> str:
     return f"{ms / 1000:.3f}s"
 
 
-def _http_filters(settings: Settings) -> list[dict[str, Any]]:
+def _http_filters(settings: Settings, generated_jwks: Path | None) -> list[dict[str, Any]]:
     grpc_service = {
         "envoy_grpc": {"cluster_name": SIDECAR_CLUSTER},
         "timeout": _seconds(settings.message_timeout_ms),
     }
-    verify_jwt = [jwt_authn_filter(settings)] if settings.identity is IdentityMode.ENVOY_JWT else []
+    verify_jwt = (
+        [jwt_authn_filter(settings, generated_jwks)]
+        if settings.identity is IdentityMode.ENVOY_JWT
+        else []
+    )
     return [
         *verify_jwt,
         {
@@ -71,7 +77,7 @@ def _http_filters(settings: Settings) -> list[dict[str, Any]]:
                 "failure_mode_allow": False,
                 "status_on_error": {"code": "ServiceUnavailable"},
                 # The verified token payload from jwt_authn (envoy-jwt identity).
-                "metadata_context_namespaces": [JWT_NAMESPACE],
+                "metadata_context_namespaces": [JWT_AUTHN_NAMESPACE],
             },
         },
         {
@@ -92,9 +98,7 @@ def _http_filters(settings: Settings) -> list[dict[str, Any]]:
                     "response_trailer_mode": "SKIP",
                 },
                 # The caller identity set by ext_authz reaches ext_proc this way only.
-                "metadata_options": {
-                    "forwarding_namespaces": {"untyped": ["envoy.filters.http.ext_authz"]}
-                },
+                "metadata_options": {"forwarding_namespaces": {"untyped": [IDENTITY_NAMESPACE]}},
             },
         },
         {
@@ -132,14 +136,28 @@ def _upstream_cluster(upstream: Upstream) -> dict[str, Any]:
 
 
 def build_bootstrap(
-    settings: Settings, *, listen: tuple[str, int], upstream: Upstream
+    settings: Settings,
+    *,
+    listen: tuple[str, int],
+    upstream: Upstream,
+    generated_jwks: Path | None = None,
 ) -> dict[str, Any]:
-    """An Envoy bootstrap (JSON-able) for the proxy: listener -> gate filters -> upstream."""
+    """An Envoy bootstrap (JSON-able) for the proxy: listener -> gate filters -> upstream.
+
+    ``generated_jwks`` is the JWKS file written from a PEM key or HMAC secret
+    (``jwt_authn.write_generated_jwks``) for `envoy-jwt` identity.
+    """
     host, port = listen
     connection_manager = {
         "@type": _TYPE
         + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "retrieval_gate",
+        # One spelling per path: the gate matches routes on the path it sees, and
+        # the vector DB must receive that same path (the sidecar also refuses
+        # any %XX, // or dot segment that survives this).
+        "normalize_path": True,
+        "merge_slashes": True,
+        "path_with_escaped_slashes_action": "REJECT_REQUEST",
         "route_config": {
             "name": "vector_db",
             "virtual_hosts": [
@@ -155,7 +173,7 @@ def build_bootstrap(
                 }
             ],
         },
-        "http_filters": _http_filters(settings),
+        "http_filters": _http_filters(settings, generated_jwks),
     }
     return {
         "admin": {"address": _address("127.0.0.1", 0)},

@@ -26,8 +26,11 @@ log = logging.getLogger(__name__)
 
 # gRPC status codes Envoy reads from CheckResponse.status.
 _OK = 0
+_INVALID_ARGUMENT = 3
 _PERMISSION_DENIED = 7
+_UNAVAILABLE = 14
 _UNAUTHENTICATED = 16
+_GRPC_CODE = {400: _INVALID_ARGUMENT, 401: _UNAUTHENTICATED, 403: _PERMISSION_DENIED}
 
 
 def auth_request(request: authz.CheckRequest) -> AuthRequest:
@@ -50,9 +53,7 @@ def _denied(exc: AccessDenied) -> authz.CheckResponse:
     if exc.reasons:
         body["reasons"] = list(exc.reasons)
     return authz.CheckResponse(
-        status=authz.RpcStatus(
-            code=_UNAUTHENTICATED if exc.status == 401 else _PERMISSION_DENIED, message=exc.code
-        ),
+        status=authz.RpcStatus(code=_GRPC_CODE.get(exc.status, _UNAVAILABLE), message=exc.code),
         denied_response=authz.DeniedHttpResponse(
             status=http_status.HttpStatus(code=exc.status),  # type: ignore[arg-type]
             headers=[

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf import json_format
 
+from sidecar.access import path_problem
 from sidecar.enforcement import FilterResult, ResponseFilter
 from sidecar.envoy.messages import header_dict, immediate, set_headers
 from sidecar.formats import (
@@ -118,6 +119,9 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         path = headers.get(":path", "/").split("?", 1)[0]
         exchange.route = Route(method=headers.get(":method", "GET"), path=path)
         exchange.request_id = headers.get("x-request-id", "")
+        if path_problem(path) is not None:
+            # ext_authz refuses these already; never guess what such a path means.
+            return immediate(400, b'{"error":"path_not_canonical"}', "retrieval_gate_bad_path")
         exchange.fmt = self._filter.format_for(exchange.route)
         mutation = ext_proc.HeaderMutation()
         if exchange.fmt is not None:
@@ -179,10 +183,14 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
                 mode_override=_SKIP_BODY,
             )
         encoding = headers.get("content-encoding", "identity").strip().lower()
-        if encoding not in ("", "identity") and exchange.route is not None:
+        if encoding not in ("", "identity") and exchange.route and exchange.caller:
             exchange.fmt = None
             result = self._filter.reject_unreadable(
-                fmt, exchange.route, f"content-encoding {encoding}"
+                fmt,
+                exchange.route,
+                exchange.caller,
+                exchange.request_id,
+                f"content-encoding {encoding}",
             )
             if result.status != 200:
                 return immediate(result.status, result.body or b"", "retrieval_gate_unreadable")

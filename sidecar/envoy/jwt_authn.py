@@ -1,54 +1,81 @@
-"""Envoy's jwt_authn filter for `--identity envoy-jwt`: Envoy verifies, the sidecar maps claims.
+"""Envoy's jwt_authn filter for `--identity envoy-jwt`: Envoy verifies, the sidecar decides.
 
-The filter verifies the bearer token (signature, issuer, audience, expiry),
-refuses the request itself (401) when the token is missing or invalid, and puts
-the verified payload in filter metadata, which the ext_authz filter forwards to
-the sidecar (``metadata_context_namespaces``).
+The filter verifies the bearer token's signature and time claims and puts
+either the verified payload or the failure status in filter metadata, which
+the ext_authz filter forwards to the sidecar (``metadata_context_namespaces``).
+It never refuses a request itself (``allow_missing_or_failed``): the sidecar
+answers every identity failure, with the same 401 and machine-readable reason
+in every mode, and without a verified payload nothing is admitted.
+
+Keys reach Envoy by file name, never inline, so secrets do not show up in
+Envoy's configuration dump.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
 from sidecar.config import Settings
+from sidecar.identity.envoy_jwt import FAILURE_KEY, JWT_AUTHN_NAMESPACE, PAYLOAD_KEY
+from sidecar.identity.jwt import HmacSecret, PemPublicKey, VerificationKey
 
-NAMESPACE = "envoy.filters.http.jwt_authn"
-PAYLOAD_KEY = "jwt_payload"
 PROVIDER = "retrieval_gate"
 JWKS_CLUSTER = "jwks_provider"
 
 _TYPE = "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication"
 
 
-def _pem_to_jwk(path: Path) -> dict[str, Any]:
-    key = load_pem_public_key(path.read_bytes())
-    if isinstance(key, rsa.RSAPublicKey):
-        return dict(RSAAlgorithm.to_jwk(key, as_dict=True), alg="RS256")
-    if isinstance(key, ec.EllipticCurvePublicKey):
-        alg = {"secp256r1": "ES256", "secp384r1": "ES384", "secp521r1": "ES512"}[key.curve.name]
-        return dict(ECAlgorithm.to_jwk(key, as_dict=True), alg=alg)
-    if isinstance(key, ed25519.Ed25519PublicKey):
-        return dict(OKPAlgorithm.to_jwk(key, as_dict=True), alg="EdDSA")
-    raise ValueError(f"{path}: unsupported public key type")
+def _is_url(jwks: str | None) -> bool:
+    return bool(jwks) and str(jwks).startswith(("http://", "https://"))
 
 
-def _hmac_jwk(path: Path) -> dict[str, Any]:
-    secret = path.read_bytes().removesuffix(b"\n")
-    k = base64.urlsafe_b64encode(secret).rstrip(b"=").decode()
-    return {"kty": "oct", "k": k, "alg": "HS256"}
+def needs_generated_jwks(settings: Settings) -> bool:
+    """True when the key is a PEM file or HMAC secret that Envoy needs as a JWKS file."""
+    return settings.jwt_public_key is not None or settings.jwt_hmac_secret_file is not None
 
 
-def jwks_source(settings: Settings) -> dict[str, Any]:
-    """The provider's key source: inline JWKS (file, PEM, HMAC secret) or a remote URL."""
-    if settings.jwks and settings.jwks.startswith(("http://", "https://")):
+def _jwk(key: VerificationKey) -> dict[str, Any]:
+    value = key.key
+    if isinstance(value, bytes):
+        k = base64.urlsafe_b64encode(value).rstrip(b"=").decode()
+        return {"kty": "oct", "k": k}
+    if isinstance(value, rsa.RSAPublicKey):
+        return dict(RSAAlgorithm.to_jwk(value, as_dict=True))
+    if isinstance(value, ec.EllipticCurvePublicKey):
+        return dict(ECAlgorithm.to_jwk(value, as_dict=True), alg=key.algorithms[0])
+    if isinstance(value, ed25519.Ed25519PublicKey):
+        return dict(OKPAlgorithm.to_jwk(value, as_dict=True), alg="EdDSA")
+    raise ValueError("unsupported key type")
+
+
+def write_generated_jwks(settings: Settings, path: Path) -> None:
+    """Write the PEM key or HMAC secret as a JWKS file only its owner can read.
+
+    The key is loaded with the same checks as the sidecar's own verification
+    (RSA >= 2048 bits, HMAC secrets >= 32 bytes), so `envoy-jwt` accepts no
+    weaker key than `jwt`.
+    """
+    if settings.jwt_public_key is not None:
+        key = PemPublicKey(settings.jwt_public_key).key
+    elif settings.jwt_hmac_secret_file is not None:
+        key = HmacSecret(settings.jwt_hmac_secret_file).key
+    else:
+        raise ValueError("no PEM key or HMAC secret configured")
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        json.dump({"keys": [_jwk(key)]}, handle)
+
+
+def _jwks_source(settings: Settings, generated_jwks: Path | None) -> dict[str, Any]:
+    if _is_url(settings.jwks):
         return {
             "remote_jwks": {
                 "http_uri": {"uri": settings.jwks, "cluster": JWKS_CLUSTER, "timeout": "2s"},
@@ -56,44 +83,46 @@ def jwks_source(settings: Settings) -> dict[str, Any]:
             }
         }
     if settings.jwks:
-        document = Path(settings.jwks).read_text(encoding="utf-8")
-    elif settings.jwt_public_key is not None:
-        document = json.dumps({"keys": [_pem_to_jwk(settings.jwt_public_key)]})
-    elif settings.jwt_hmac_secret_file is not None:
-        document = json.dumps({"keys": [_hmac_jwk(settings.jwt_hmac_secret_file)]})
-    else:
-        raise ValueError("envoy-jwt needs --jwks, --jwt-public-key or --jwt-hmac-secret-file")
-    return {"local_jwks": {"inline_string": document}}
+        return {"local_jwks": {"filename": str(Path(settings.jwks).resolve())}}
+    if generated_jwks is None:
+        raise ValueError("a PEM key or HMAC secret needs a generated JWKS file for Envoy")
+    return {"local_jwks": {"filename": str(generated_jwks)}}
 
 
-def jwt_authn_filter(settings: Settings) -> dict[str, Any]:
-    """The jwt_authn HTTP filter: every route requires a valid token."""
-    # No `audiences` here: Envoy answers a wrong audience with 403, so the
-    # sidecar checks issuer and audience from the payload and answers 401.
+def jwt_authn_filter(settings: Settings, generated_jwks: Path | None = None) -> dict[str, Any]:
+    """The jwt_authn HTTP filter: verifies, records the outcome, never refuses on its own."""
     provider = {
+        # Issuer and audience are also checked by the sidecar, from the payload.
         "issuer": settings.issuer,
         # The caller's token is not the vector DB's business.
         "forward": False,
         "payload_in_metadata": PAYLOAD_KEY,
+        "failed_status_in_metadata": FAILURE_KEY,
         "clock_skew_seconds": int(settings.jwt_leeway_seconds),
-        **jwks_source(settings),
+        **_jwks_source(settings, generated_jwks),
+    }
+    verify_or_record = {
+        "requires_any": {
+            "requirements": [{"provider_name": PROVIDER}, {"allow_missing_or_failed": {}}]
+        }
     }
     return {
-        "name": NAMESPACE,
+        "name": JWT_AUTHN_NAMESPACE,
         "typed_config": {
             "@type": _TYPE,
             "providers": {PROVIDER: provider},
-            "rules": [{"match": {"prefix": "/"}, "requires": {"provider_name": PROVIDER}}],
+            "rules": [{"match": {"prefix": "/"}, "requires": verify_or_record}],
         },
     }
 
 
 def jwks_cluster(settings: Settings) -> dict[str, Any] | None:
     """The cluster Envoy fetches a remote JWKS through, when the JWKS is a URL."""
-    if not (settings.jwks and settings.jwks.startswith(("http://", "https://"))):
+    if not _is_url(settings.jwks):
         return None
-    url = urlsplit(settings.jwks)
+    url = urlsplit(str(settings.jwks))
     tls = url.scheme == "https"
+    address = {"address": url.hostname, "port_value": url.port or (443 if tls else 80)}
     cluster: dict[str, Any] = {
         "name": JWKS_CLUSTER,
         "type": "STRICT_DNS",
@@ -101,20 +130,7 @@ def jwks_cluster(settings: Settings) -> dict[str, Any] | None:
         "load_assignment": {
             "cluster_name": JWKS_CLUSTER,
             "endpoints": [
-                {
-                    "lb_endpoints": [
-                        {
-                            "endpoint": {
-                                "address": {
-                                    "socket_address": {
-                                        "address": url.hostname,
-                                        "port_value": url.port or (443 if tls else 80),
-                                    }
-                                }
-                            }
-                        }
-                    ]
-                }
+                {"lb_endpoints": [{"endpoint": {"address": {"socket_address": address}}}]}
             ],
         },
     }

@@ -8,7 +8,7 @@ to the database (RequestRewriter). Adapters know nothing about policy or Envoy.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -45,11 +45,24 @@ class Candidate:
     problem: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Replacement:
+    """Authoritative content that takes a hit's place (a superseded chunk's successor)."""
+
+    chunk_id: str
+    text: str
+
+
 class ParsedBody(Protocol):
     @property
     def candidates(self) -> Sequence[Candidate]: ...
 
-    def render(self, keep: Collection[int], limits: Sequence[int | None] | None = None) -> bytes:
+    def render(
+        self,
+        keep: Collection[int],
+        limits: Sequence[int | None] | None = None,
+        replacements: Mapping[int, Replacement] | None = None,
+    ) -> bytes:
         """Serialise the body with only the hits whose position is in ``keep``.
 
         ``limits`` (a ``RequestRewrite.limits``) gives one entry per sub-result
@@ -58,7 +71,17 @@ class ParsedBody(Protocol):
         groups endpoints), in rank order; None keeps them all. None or empty
         trims nothing. Raises MalformedBody if the body has a different number
         of sub-results.
+
+        ``replacements`` maps kept positions to the chunk whose id and text
+        take that hit's place; the rest of the hit (score, vector, other
+        fields) stays.
         """
+        ...
+
+    def released_positions(
+        self, keep: Collection[int], limits: Sequence[int | None] | None = None
+    ) -> list[int]:
+        """The positions ``render(keep, limits)`` sends, in body order."""
         ...
 
 

@@ -23,12 +23,63 @@ from typing import Any, Final
 import orjson
 
 from sidecar.formats import qdrant_request
-from sidecar.formats.base import Candidate, MalformedBody, ParsedBody, RequestRewrite, Route
+from sidecar.formats.base import (
+    Candidate,
+    MalformedBody,
+    ParsedBody,
+    Replacement,
+    RequestRewrite,
+    Route,
+)
 
-# Builds the filtered value of one sub-result for a set of kept positions and
-# the most hits (groups, for groups) to keep; None means "leave the value out
-# of its parent".
-_Renderer = Callable[[frozenset[int], int | None], Any]
+# Marks a substituted hit's payload with the chunk it replaced, so readers of
+# the response can tell authoritative substitutes from index hits.
+SUBSTITUTED_FOR = "retrieval_gate_substituted_for"
+
+
+class _Selection:
+    """Which positions are kept, and the substitutes for some of them."""
+
+    def __init__(
+        self,
+        keep: frozenset[int],
+        replacements: Mapping[int, Replacement],
+        text_field: str,
+        id_field: str | None,
+    ) -> None:
+        self._keep = keep
+        self._replacements = replacements
+        self._text_field = text_field
+        self._id_field = id_field
+        self.released: list[int] = []  # positions rendered, in body order
+
+    def __contains__(self, position: object) -> bool:
+        return position in self._keep
+
+    def hit(self, position: int, item: Any) -> Any:
+        """The hit as rendered: itself, or a copy carrying its substitute."""
+        self.released.append(position)
+        replacement = self._replacements.get(position)
+        if replacement is None:
+            return item
+        payload = dict(item.get("payload") or {})
+        old_id = payload.get(self._id_field) if self._id_field else item.get("id")
+        payload[self._text_field] = replacement.text
+        payload[SUBSTITUTED_FOR] = old_id
+        substitute = {**item, "payload": payload}
+        if self._id_field:
+            payload[self._id_field] = replacement.chunk_id
+        else:
+            # Qdrant point ids are unsigned integers or UUID strings.
+            chunk_id = replacement.chunk_id
+            substitute["id"] = int(chunk_id) if chunk_id.isdigit() else chunk_id
+        return substitute
+
+
+# Builds the filtered value of one sub-result for the kept positions and the
+# most hits (groups, for groups) to keep; None means "leave the value out of
+# its parent".
+_Renderer = Callable[[_Selection, int | None], Any]
 
 
 class _Hits:
@@ -100,7 +151,7 @@ class _Result:
     for kept positions and one limit per sub-result."""
 
     sub_results: int
-    render: Callable[[frozenset[int], Sequence[int | None]], Any]
+    render: Callable[[_Selection, Sequence[int | None]], Any]
 
 
 # Shapes of one sub-result. Each validates its value, registers hits in
@@ -118,9 +169,9 @@ def _point_list(value: Any, hits: _Hits) -> _Renderer:
     for item in value:
         hits.add(item)
 
-    def render(keep: frozenset[int], limit: int | None) -> list[Any]:
-        kept = [item for position, item in enumerate(value, start) if position in keep]
-        return kept[:limit]
+    def render(keep: _Selection, limit: int | None) -> list[Any]:
+        kept = [position for position in range(start, start + len(value)) if position in keep]
+        return [keep.hit(position, value[position - start]) for position in kept[:limit]]
 
     return render
 
@@ -166,15 +217,20 @@ def _groups(value: Any, hits: _Hits) -> _Renderer:
         raise MalformedBody("expected an object with a list of 'groups'")
     renderers = [_group(group, hits) for group in value["groups"]]
 
-    def render(keep: frozenset[int], limit: int | None) -> dict[str, Any]:
-        groups = [group for render in renderers if (group := render(keep)) is not None]
-        # Trimmed after emptied groups are gone: the limit counts groups returned.
-        return {**value, "groups": groups[:limit]}
+    def render(keep: _Selection, limit: int | None) -> dict[str, Any]:
+        # The limit counts groups returned, so emptied groups do not count.
+        groups: list[dict[str, Any]] = []
+        for render_group in renderers:
+            if limit is not None and len(groups) >= limit:
+                break
+            if (group := render_group(keep)) is not None:
+                groups.append(group)
+        return {**value, "groups": groups}
 
     return render
 
 
-def _group(value: Any, hits: _Hits) -> Callable[[frozenset[int]], dict[str, Any] | None]:
+def _group(value: Any, hits: _Hits) -> Callable[[_Selection], dict[str, Any] | None]:
     if not isinstance(value, dict):
         raise MalformedBody("a group is not a JSON object")
     render_hits = _point_list(value.get("hits"), hits)
@@ -182,7 +238,7 @@ def _group(value: Any, hits: _Hits) -> Callable[[frozenset[int]], dict[str, Any]
     lookup = value.get("lookup")
     lookup_position = None if lookup is None else hits.add(lookup)
 
-    def render(keep: frozenset[int]) -> dict[str, Any] | None:
+    def render(keep: _Selection) -> dict[str, Any] | None:
         # The request's limit counts groups; group_size is never raised, so
         # the hits of a group are not trimmed.
         kept_hits = render_hits(keep, None)
@@ -190,7 +246,9 @@ def _group(value: Any, hits: _Hits) -> Callable[[frozenset[int]], dict[str, Any]
             # The group id is the group_by payload value of its hits: it goes with them.
             return None
         group = {**value, "hits": kept_hits}
-        if lookup_position is not None and lookup_position not in keep:
+        if lookup_position is not None and lookup_position in keep:
+            group["lookup"] = keep.hit(lookup_position, lookup)
+        elif lookup_position is not None:
             # Qdrant omits "lookup" when the looked-up point does not exist, so a
             # rejected lookup looks exactly like a missing one (PointGroup.lookup
             # is optional in the OpenAPI spec and in qdrant-client's model).
@@ -209,7 +267,7 @@ def _single_point(value: Any, hits: _Hits) -> _Renderer:
     # result=None. An empty stand-in record would invent a point that does not
     # exist, and a null would break strict spec validation. The request names
     # the point, so there is no limit to trim to.
-    return lambda keep, limit: value if position in keep else None
+    return lambda keep, limit: keep.hit(position, value) if position in keep else None
 
 
 _POST_SHAPES: Final[Mapping[str, _Shape]] = {
@@ -263,28 +321,55 @@ class _QdrantBody:
     candidates: Sequence[Candidate]
     _envelope: dict[str, Any]
     _result: _Result
+    _text_field: str
+    _id_field: str | None
 
-    def render(self, keep: Collection[int], limits: Sequence[int | None] | None = None) -> bytes:
+    def render(
+        self,
+        keep: Collection[int],
+        limits: Sequence[int | None] | None = None,
+        replacements: Mapping[int, Replacement] | None = None,
+    ) -> bytes:
         """Serialise the body with only the hits whose position is in ``keep``.
 
         With ``limits``, each sub-result keeps at most that many of its kept
-        hits (groups, for groups endpoints), in rank order; see
-        ``ParsedBody.render``.
+        hits (groups, for groups endpoints), in rank order. A replaced hit
+        gets the substitute's text and id (the point id, or ``id_field``) and
+        a ``retrieval_gate_substituted_for`` payload field naming the chunk it
+        replaced; see ``ParsedBody.render``.
         """
-        if not limits:
-            limits = (None,) * self._result.sub_results
-        elif len(limits) != self._result.sub_results:
-            raise MalformedBody(
-                f"response has {self._result.sub_results} sub-results, "
-                f"the request had {len(limits)}"
-            )
-        result = self._result.render(frozenset(keep), limits)
+        result = self._result.render(
+            self._selection(keep, replacements), self._checked_limits(limits)
+        )
         envelope = dict(self._envelope)
         if result is None:
             del envelope["result"]
         else:
             envelope["result"] = result
         return orjson.dumps(envelope)
+
+    def released_positions(
+        self, keep: Collection[int], limits: Sequence[int | None] | None = None
+    ) -> list[int]:
+        """The positions ``render`` would send, in body order (trimming included)."""
+        selection = self._selection(keep, None)
+        self._result.render(selection, self._checked_limits(limits))
+        return selection.released
+
+    def _checked_limits(self, limits: Sequence[int | None] | None) -> Sequence[int | None]:
+        if not limits:
+            return (None,) * self._result.sub_results
+        if len(limits) != self._result.sub_results:
+            raise MalformedBody(
+                f"response has {self._result.sub_results} sub-results, "
+                f"the request had {len(limits)}"
+            )
+        return limits
+
+    def _selection(
+        self, keep: Collection[int], replacements: Mapping[int, Replacement] | None
+    ) -> _Selection:
+        return _Selection(frozenset(keep), replacements or {}, self._text_field, self._id_field)
 
 
 class QdrantFormat:
@@ -336,7 +421,7 @@ class QdrantFormat:
             raise MalformedBody("no 'result' in body")
         hits = _Hits(self.text_field, self.id_field)
         result = shape(envelope["result"], hits)
-        return _QdrantBody(tuple(hits.candidates), envelope, result)
+        return _QdrantBody(tuple(hits.candidates), envelope, result, self.text_field, self.id_field)
 
     def rewrites_request(self, route: Route) -> bool:
         """True for the search, query, recommend, discover and scroll endpoints.

@@ -1,14 +1,15 @@
 """Identity from Envoy's ``jwt_authn`` filter (identity mode ``envoy-jwt``).
 
-Envoy has already verified the token's signature, ``exp`` and ``nbf`` and,
-with ``payload_in_metadata``, put its claims in filter metadata, which
-ext_authz forwards to the sidecar (``metadata_context_namespaces``). A client
-cannot write filter metadata, so the payload found there is as trustworthy as
-Envoy's verification.
+Envoy has already verified the token's signature, ``exp`` and ``nbf`` and put
+either its claims (``payload_in_metadata``) or why it failed
+(``failed_status_in_metadata``) in filter metadata, which ext_authz forwards
+to the sidecar (``metadata_context_namespaces``). A client cannot write filter
+metadata, so a payload found there is as trustworthy as Envoy's verification.
 
-Issuer and audience are checked here rather than by jwt_authn: Envoy answers a
-wrong audience with 403, and a caller whose identity is not established must
-get 401 like every other identity failure.
+jwt_authn is configured never to refuse on its own, so that every identity
+failure gets the sidecar's 401 with a machine-readable reason; issuer and
+audience are checked here for the same reason (Envoy answers a wrong audience
+with 403).
 """
 
 from __future__ import annotations
@@ -19,6 +20,27 @@ from sidecar.identity import AuthRequest, Caller, IdentityError
 from sidecar.identity.claims import ClaimMapping
 
 JWT_AUTHN_NAMESPACE = "envoy.filters.http.jwt_authn"
+PAYLOAD_KEY = "jwt_payload"
+FAILURE_KEY = "jwt_failure"
+
+# Envoy's verification messages (jwt_verify_lib) -> the reasons the `jwt` mode gives.
+_FAILURES = (
+    ("is missing", "token_missing"),
+    ("expired", "token_expired"),
+    ("not yet valid", "token_not_yet_valid"),
+    ("verification fail", "signature_invalid"),
+    ("issuer is not configured", "issuer_mismatch"),
+    ("audiences", "audience_mismatch"),
+    ("is not supported", "algorithm_not_allowed"),
+    ("doesn't have key", "key_unknown"),
+    ("remote fetch", "jwks_unavailable"),
+)
+
+
+def failure_code(message: str) -> str:
+    """The reason code for an Envoy jwt_authn failure message."""
+    lowered = message.lower()
+    return next((code for text, code in _FAILURES if text in lowered), "token_malformed")
 
 
 class EnvoyJwtPayload:
@@ -34,7 +56,7 @@ class EnvoyJwtPayload:
         issuer: str,
         audience: str,
         namespace: str = JWT_AUTHN_NAMESPACE,
-        payload_key: str = "jwt_payload",
+        payload_key: str = PAYLOAD_KEY,
     ) -> None:
         self._mapping = mapping
         self._issuer = issuer
@@ -44,7 +66,12 @@ class EnvoyJwtPayload:
 
     async def identify(self, request: AuthRequest) -> Caller:
         """The caller from the verified payload; IdentityError ``token_missing`` without one."""
-        payload = request.metadata.get(self._namespace, {}).get(self._payload_key)
+        metadata = request.metadata.get(self._namespace, {})
+        payload = metadata.get(self._payload_key)
+        failure = metadata.get(FAILURE_KEY)
+        if payload is None and isinstance(failure, Mapping):
+            message = str(failure.get("message", ""))
+            raise IdentityError(failure_code(message), "Envoy jwt_authn refused the token")
         if payload is None:
             raise IdentityError(
                 "token_missing",

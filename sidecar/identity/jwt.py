@@ -189,6 +189,9 @@ class JwksUrl:
         if urlsplit(url).scheme not in ("http", "https"):
             raise ValueError(f"JWKS URL must be http:// or https://, got {url!r}")
         self._url = url
+        # For messages: a JWKS URL may carry credentials in its userinfo or query.
+        parts = urlsplit(url)
+        self._url_for_logs = f"{parts.scheme}://{parts.hostname}{parts.path}"
         self._refresh_seconds = refresh_seconds
         self._fetch_timeout_seconds = fetch_timeout_seconds
         self._min_refetch_seconds = min_refetch_seconds
@@ -229,7 +232,9 @@ class JwksUrl:
                 finally:
                     self._finished_fetches += 1
         if self._keys is None:
-            raise IdentityError("jwks_unavailable", f"JWKS could not be fetched from {self._url}")
+            raise IdentityError(
+                "jwks_unavailable", f"JWKS could not be fetched from {self._url_for_logs}"
+            )
         return self._keys
 
     async def _fetch(self) -> None:
@@ -243,7 +248,7 @@ class JwksUrl:
         except (OSError, ValueError, http.client.HTTPException) as error:
             log.warning(
                 "JWKS fetch from %s failed (%s: %s); %s",
-                self._url,
+                self._url_for_logs,
                 type(error).__name__,
                 error,
                 "keeping the cached keys" if self._keys is not None else "no keys available",
@@ -261,7 +266,7 @@ class JwksUrl:
             body = response.read(MAX_JWKS_BYTES + 1)
         if len(body) > MAX_JWKS_BYTES:
             raise ValueError(f"JWKS larger than {MAX_JWKS_BYTES} bytes")
-        return _KeySet.from_jwks(json.loads(body), self._url)
+        return _KeySet.from_jwks(json.loads(body), self._url_for_logs)
 
 
 class PemPublicKey:
@@ -278,6 +283,11 @@ class PemPublicKey:
                 f"{path}: unsupported key type (want RSA >= {MIN_RSA_BITS} bits, EC or Ed25519)"
             )
         self._key = key
+
+    @property
+    def key(self) -> VerificationKey:
+        """The validated key (for handing it to Envoy's jwt_authn as a JWK)."""
+        return self._key
 
     async def key_for(self, kid: str | None) -> VerificationKey:
         """The configured key, whatever the kid."""
@@ -304,6 +314,11 @@ class HmacSecret:
                 f"{MIN_HMAC_SECRET_BYTES} are required"
             )
         self._key = key
+
+    @property
+    def key(self) -> VerificationKey:
+        """The validated secret (for handing it to Envoy's jwt_authn as a JWK)."""
+        return self._key
 
     async def key_for(self, kid: str | None) -> VerificationKey:
         """The configured secret, whatever the kid."""

@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+from sidecar.metadata.dsn import SCHEMES as POSTGRES_SCHEMES
+from sidecar.metadata.postgres import PostgresStore
 from sidecar.metadata.sqlite import SqliteStore
 from sidecar.metadata.store import MetadataStore
 
 SQLITE_PREFIX = "sqlite:///"
 
 _SUPPORTED = (
-    "supported: sqlite:///relative/path.db or sqlite:////absolute/path.db; "
-    "postgresql:// is not supported yet"
+    "supported: sqlite:///relative/path.db, sqlite:////absolute/path.db, "
+    "postgresql://user@host:port/database"
 )
+
+
+def is_postgres_url(url: str) -> bool:
+    """True for a ``postgresql://`` or ``postgres://`` URL."""
+    return url.partition("://")[0].lower() in POSTGRES_SCHEMES
 
 
 def open_store(url: str) -> MetadataStore:
     """Open the metadata store named by ``url``.
+
+    ``postgresql://`` (or ``postgres://``) URLs are libpq connection URIs; the
+    database must have been migrated (``retrieval-gate store migrate``). Keep
+    the password out of the URL (PGPASSWORD or ~/.pgpass); if it is there, it
+    is redacted from every message.
 
     SQLite URLs follow SQLAlchemy's convention: ``sqlite:///`` is followed by
     the file path, so ``sqlite:///data/chunks.db`` is relative to the working
@@ -28,6 +40,8 @@ def open_store(url: str) -> MetadataStore:
     scheme, separator, _ = url.partition("://")
     if not separator:
         raise ValueError(f"metadata store URL has no scheme; {_SUPPORTED}")
+    if is_postgres_url(url):
+        return PostgresStore(url)
     # Only the scheme is echoed: a database URL may carry a password.
     if scheme.lower() != "sqlite":
         raise ValueError(f"unsupported metadata store URL scheme {scheme!r}; {_SUPPORTED}")

@@ -1,14 +1,20 @@
 """SQLite metadata store: the embedded default backend.
 
-One file holds table ``chunks`` (one column per ChunkRecord field, primary key
-``chunk_id``) and table ``schema_version`` (one row). Encodings, which scripts
-reading the file may rely on:
+One file holds table ``chunks`` (one column per record contract field, primary
+key ``chunk_id``), table ``electronic_signatures`` (doc_id, version, signer,
+meaning, signed_at, is_valid) and table ``schema_version`` (one row). Encodings,
+which scripts reading the file may rely on:
 
 - ``allowed_principals``: JSON array of strings, as text;
-- ``effective_at``/``expires_at``: RFC 3339 in UTC with exactly six fractional
-  digits, ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (fixed width, so text order is time
-  order); ``expires_at`` NULL means open-ended;
-- ``status``: the lower-case status name; ``requires_signature``: 0 or 1.
+- ``effective_at``/``expires_at``/``signed_at``: RFC 3339 in UTC with exactly
+  six fractional digits, ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (fixed width, so text
+  order is time order); ``expires_at`` NULL means open-ended;
+- ``status``: the lower-case status name; ``requires_signature`` and
+  ``is_valid``: 0 or 1.
+
+``fetch`` and ``get`` set ``signature_valid`` when a signature with
+``is_valid = 1`` exists for the record's doc_id and version. Version 1 files
+(without signatures) are upgraded in place when opened.
 
 CHECK constraints guard these forms against hand edits. A row that still cannot
 be decoded is logged (chunk id and column, never values) and left out of the
@@ -19,7 +25,6 @@ reject every chunk of every response that touches the bad row.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import sqlite3
@@ -29,14 +34,15 @@ from datetime import UTC, datetime
 
 import orjson
 
+from sidecar.metadata.lifecycle import check_status_change
 from sidecar.metadata.store import StoreUnavailable
-from sidecar.records import ChunkRecord, Status
+from sidecar.records import CONTRACT_FIELDS, ChunkRecord, Status
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _log = logging.getLogger(__name__)
 
-_COLUMNS = tuple(field.name for field in dataclasses.fields(ChunkRecord))
+_COLUMNS = CONTRACT_FIELDS
 _TIMESTAMP_GLOB = (
     "'[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9]"
     ".[0-9][0-9][0-9][0-9][0-9][0-9]Z'"
@@ -65,8 +71,31 @@ _SCHEMA = (
         requires_signature INTEGER NOT NULL CHECK (requires_signature IN (0, 1)),
         text TEXT CHECK (text IS NULL OR typeof(text) = 'text')
     )""",
+    f"""CREATE TABLE IF NOT EXISTS electronic_signatures (
+        id INTEGER PRIMARY KEY,
+        doc_id TEXT NOT NULL CHECK (typeof(doc_id) = 'text' AND trim(doc_id) <> ''),
+        version TEXT NOT NULL CHECK (typeof(version) = 'text'),
+        signer TEXT NOT NULL CHECK (typeof(signer) = 'text' AND trim(signer) <> ''),
+        meaning TEXT NOT NULL CHECK (typeof(meaning) = 'text' AND trim(meaning) <> ''),
+        signed_at TEXT NOT NULL CHECK (signed_at GLOB {_TIMESTAMP_GLOB}),
+        is_valid INTEGER NOT NULL DEFAULT 1 CHECK (is_valid IN (0, 1))
+    )""",
+    """CREATE INDEX IF NOT EXISTS electronic_signatures_document
+        ON electronic_signatures (doc_id, version) WHERE is_valid = 1""",
 )
+# Schema versions this build opens. Version 1 lacks only electronic_signatures,
+# which the statements above create, so upgrading it is recording version 2.
+_UPGRADABLE_VERSIONS = frozenset({1, SCHEMA_VERSION})
 _COLUMN_LIST = ", ".join(_COLUMNS)
+_SELECT = (
+    "SELECT "  # noqa: S608 - column names come from the record contract, never from input
+    + ", ".join(f"c.{column}" for column in _COLUMNS)
+    + ", EXISTS (SELECT 1 FROM electronic_signatures AS s"
+    " WHERE s.doc_id = c.doc_id AND s.version = c.version AND s.is_valid = 1)"
+    " FROM chunks AS c"
+)
+_GET = _SELECT + " WHERE c.chunk_id = ?"
+_SET_STATUS = "UPDATE chunks SET status = ?, superseded_by = ? WHERE chunk_id = ?"
 _UPDATES = ", ".join(f"{column} = excluded.{column}" for column in _COLUMNS[1:])
 # Column names come from ChunkRecord's fields, never from input; values are bound.
 _PLACEHOLDERS = ", ".join("?" * len(_COLUMNS))
@@ -145,11 +174,42 @@ class SqliteStore:
             raise StoreUnavailable(f"SQLite metadata upsert failed: {exc}") from exc
         return len(rows)
 
+    def get(self, chunk_id: str) -> ChunkRecord | None:
+        """The record of one chunk (text included), or None.
+
+        A row that cannot be decoded counts as absent (and is logged). Raises
+        StoreUnavailable on any SQLite error.
+        """
+        try:
+            with self._read_lock:
+                row = self._reader.execute(_GET, (chunk_id,)).fetchone()
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite metadata query failed: {exc}") from exc
+        return None if row is None else _decode_or_log(row)
+
+    def set_status(
+        self, chunk_id: str, status: Status, superseded_by: str | None = None
+    ) -> ChunkRecord:
+        """Set status and successor in one write transaction; see ``MetadataStore.set_status``."""
+        try:
+            with self._write_lock:
+                row = _change_status(self._writer, chunk_id, Status(status), superseded_by)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite metadata status change failed: {exc}") from exc
+        record = _decode_or_log(row)
+        if record is None:
+            raise StoreUnavailable(f"metadata row for chunk {chunk_id!r} cannot be decoded")
+        return record
+
     def close(self) -> None:
         """Close both connections; later calls raise StoreUnavailable."""
         with self._write_lock, self._read_lock:
             self._reader.close()
             self._writer.close()
+
+    async def aclose(self) -> None:
+        """Same as ``close``: nothing here belongs to an event loop."""
+        self.close()
 
 
 def _open(path: str | os.PathLike[str]) -> tuple[sqlite3.Connection, sqlite3.Connection]:
@@ -185,7 +245,9 @@ def _ensure_schema(connection: sqlite3.Connection) -> None:
         versions = connection.execute("SELECT version FROM schema_version").fetchall()
         if not versions:
             connection.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
-        elif versions != [(SCHEMA_VERSION,)]:
+        elif len(versions) == 1 and versions[0][0] in _UPGRADABLE_VERSIONS:
+            connection.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
+        else:
             found = ", ".join(str(version) for (version,) in versions)
             raise StoreUnavailable(
                 f"SQLite metadata store has schema version {found}; "
@@ -217,7 +279,34 @@ def _select(connection: sqlite3.Connection, ids: list[str]) -> list[tuple[object
 def _select_sql(count: int) -> str:
     placeholders = ", ".join("?" * count)
     # Only placeholders are interpolated; the ids are bound parameters.
-    return f"SELECT {_COLUMN_LIST} FROM chunks WHERE chunk_id IN ({placeholders})"  # noqa: S608
+    return f"{_SELECT} WHERE c.chunk_id IN ({placeholders})"
+
+
+def _change_status(
+    connection: sqlite3.Connection, chunk_id: str, status: Status, superseded_by: str | None
+) -> tuple[object, ...]:
+    # BEGIN IMMEDIATE takes the write lock first: nobody changes either row
+    # between the check and the update.
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        current = connection.execute(_GET, (chunk_id,)).fetchone()
+        successor = None
+        if superseded_by is not None:
+            successor = connection.execute(_GET, (superseded_by,)).fetchone()
+        check_status_change(
+            chunk_id,
+            status,
+            superseded_by,
+            current=None if current is None else _decode_or_log(current),
+            successor=None if successor is None else _decode_or_log(successor),
+        )
+        connection.execute(_SET_STATUS, (status.value, superseded_by, chunk_id))
+        row: tuple[object, ...] = connection.execute(_GET, (chunk_id,)).fetchone()
+        connection.execute("COMMIT")
+    except BaseException:
+        connection.rollback()
+        raise
+    return row
 
 
 def _write(connection: sqlite3.Connection, rows: list[tuple[object, ...]]) -> None:
@@ -287,6 +376,7 @@ def _decode(row: tuple[object, ...]) -> ChunkRecord:
         superseded_by,
         requires_signature,
         text,
+        signature_valid,
     ) = row
     return ChunkRecord(
         chunk_id=_text(chunk_id, "chunk_id"),
@@ -302,6 +392,7 @@ def _decode(row: tuple[object, ...]) -> ChunkRecord:
         superseded_by=None if superseded_by is None else _text(superseded_by, "superseded_by"),
         requires_signature=_flag(requires_signature),
         text=None if text is None else _text(text, "text"),
+        signature_valid=signature_valid == 1,
     )
 
 

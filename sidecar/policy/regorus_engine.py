@@ -156,11 +156,6 @@ class CompiledPolicy:
         # Compile now, so that a bad file or bad data fails the load, not a request.
         self._thread_engine()
 
-    @classmethod
-    def from_directory(cls, path: Path, *, data: Mapping[str, Any] | None = None) -> CompiledPolicy:
-        """Load every ``.rego`` file in ``path`` except ``*_test.rego`` files."""
-        return cls(read_rego_sources(path, include_tests=False), data=data)
-
     @property
     def version(self) -> str:
         """``sha256:`` and 16 hex digits of a digest over the sources and the data."""

@@ -1,0 +1,340 @@
+"""The MetadataStore contract, one suite run against every backend (SQLite, PostgreSQL).
+
+PostgreSQL tests share one migrated database per module (tables emptied
+between tests); each test gets its own store and event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable, Collection, Coroutine, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from sidecar.metadata.postgres import PostgresStore, migrate
+from sidecar.metadata.sqlite import SqliteStore
+from sidecar.metadata.store import (
+    ChunkNotFound,
+    LifecycleError,
+    MetadataStore,
+    StoreUnavailable,
+)
+from sidecar.records import ChunkRecord, Status
+from tests.fixtures.postgres import fresh_database
+from tests.fixtures.records import chunk_record as record
+
+
+@dataclass
+class Backend:
+    """A store under test plus backend-specific ways to reach under its interface."""
+
+    name: str
+    store: MetadataStore
+    run: Callable[[Coroutine[Any, Any, Any]], Any]
+    sql: Callable[[str, tuple[object, ...]], None]  # statement with %s placeholders
+    count_statements: Callable[[], AbstractContextManager[list[str]]]
+
+    def fetch(self, ids: Collection[str]) -> Mapping[str, ChunkRecord]:
+        result: Mapping[str, ChunkRecord] = self.run(self.store.fetch(ids))
+        return result
+
+    def sign(self, doc_id: str, version: str, *, valid: bool = True) -> None:
+        self.sql(
+            "INSERT INTO electronic_signatures (doc_id, version, signer, meaning, signed_at, "
+            "is_valid) VALUES (%s, %s, %s, %s, %s, %s)",
+            (doc_id, version, "user:qa-lead", "approval", _signed_at(self.name), valid),
+        )
+
+
+def _signed_at(backend: str) -> object:
+    moment = datetime(2025, 2, 1, 12, 0, tzinfo=UTC)
+    return moment if backend == "postgresql" else "2025-02-01T12:00:00.000000Z"
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    with fresh_database() as url:
+        migrate(url)
+        yield url
+
+
+def _sqlite_backend(path: Path, runner: asyncio.Runner) -> Iterator[Backend]:
+    store = SqliteStore(path)
+
+    def sql(statement: str, params: tuple[object, ...]) -> None:
+        with sqlite3.connect(path) as connection:
+            connection.execute(statement.replace("%s", "?"), params)
+        connection.close()
+
+    @contextmanager
+    def count_statements() -> Iterator[list[str]]:
+        statements: list[str] = []
+        store._reader.set_trace_callback(statements.append)
+        try:
+            yield statements
+        finally:
+            store._reader.set_trace_callback(None)
+
+    yield Backend("sqlite", store, runner.run, sql, count_statements)
+    store.close()
+
+
+def _postgres_backend(
+    url: str, runner: asyncio.Runner, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Backend]:
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute("TRUNCATE chunks, electronic_signatures")
+    # One pooled connection: a pool growing in the background would configure
+    # its new connection while a test counts statements.
+    store = PostgresStore(url, pool_max_size=1)
+
+    def sql(statement: str, params: tuple[object, ...]) -> None:
+        with psycopg.connect(url, autocommit=True) as connection:
+            connection.execute(statement.encode(), params)
+
+    @contextmanager
+    def count_statements() -> Iterator[list[str]]:
+        # Every statement the pool's connections send goes through a cursor.
+        statements: list[str] = []
+        original = psycopg.AsyncCursor.execute
+
+        async def counting(
+            self: psycopg.AsyncCursor[Any], query: Any, *args: Any, **kw: Any
+        ) -> Any:
+            statements.append(str(query))
+            return await original(self, query, *args, **kw)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(psycopg.AsyncCursor, "execute", counting)
+            yield statements
+
+    yield Backend("postgresql", store, runner.run, sql, count_statements)
+    runner.run(store.aclose())
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Backend]:
+    with asyncio.Runner() as runner:
+        if request.param == "sqlite":
+            yield from _sqlite_backend(tmp_path / "meta.db", runner)
+        else:
+            yield from _postgres_backend(request.getfixturevalue("pg_url"), runner, monkeypatch)
+
+
+# --- upsert and fetch ----------------------------------------------------------------------
+
+
+def test_records_round_trip(backend: Backend) -> None:
+    tokyo = timezone(timedelta(hours=9))
+    records = [
+        record(
+            "c-1",
+            doc_id="refunds",
+            version="3",
+            allowed_principals=("group:support", "user:ann"),
+            effective_at=datetime(2025, 1, 1, 9, 0, tzinfo=tokyo),
+            expires_at=None,
+            source_uri="https://docs.example/refunds",
+            requires_signature=True,
+        ),
+        record(
+            "c-2",
+            status=Status.SUPERSEDED,
+            superseded_by="c-1",
+            effective_at=datetime(2024, 1, 1, tzinfo=UTC),
+            expires_at=datetime(2025, 1, 1, 0, 0, 0, 1, tzinfo=UTC),
+            text="Caf\u00e9 menu\r\n\u2603",
+        ),
+        *(record(f"s-{status}", status=status) for status in Status),
+    ]
+    assert backend.store.upsert(records) == len(records)
+    fetched = backend.fetch([r.chunk_id for r in records])
+    assert fetched == {r.chunk_id: r for r in records}
+    first = fetched["c-1"]
+    assert first.effective_at == datetime(2025, 1, 1, 0, 0, tzinfo=UTC)
+    assert first.effective_at.utcoffset() == timedelta(0)
+    assert first.expires_at is None
+    assert first.text is None
+    assert fetched["c-2"].expires_at == datetime(2025, 1, 1, 0, 0, 0, 1, tzinfo=UTC)
+    assert fetched["c-2"].text == "Caf\u00e9 menu\r\n\u2603"
+
+
+def test_absent_and_repeated_ids(backend: Backend) -> None:
+    backend.store.upsert([record("c-1")])
+    assert backend.fetch(["c-1", "nope", "c-1"]) == {"c-1": record("c-1")}
+    assert backend.fetch(["nope"]) == {}
+    assert backend.fetch([]) == {}
+
+
+def test_more_than_a_thousand_ids_in_one_fetch(backend: Backend) -> None:
+    records = [record(f"c-{n}") for n in range(2400)]
+    backend.store.upsert(records)
+    ids = [f"c-{n}" for n in range(2500)]
+    assert backend.fetch(ids) == {r.chunk_id: r for r in records}
+
+
+def test_fetch_is_a_single_statement(backend: Backend) -> None:
+    backend.store.upsert([record(f"c-{n}") for n in range(600)])
+    backend.fetch(["warm-up"])  # a new pooled connection configures itself first
+    with backend.count_statements() as statements:
+        assert len(backend.fetch([f"c-{n}" for n in range(700)])) == 600
+    assert len(statements) == 1
+    assert "electronic_signatures" in statements[0]  # signature_valid comes with it
+
+
+def test_upsert_replaces_existing_records(backend: Backend) -> None:
+    backend.store.upsert([record("c-1"), record("c-2")])
+    backend.store.upsert([record("c-1", status=Status.REVOKED, text="new text")])
+    backend.store.upsert([record("c-2")])  # unchanged
+    assert backend.fetch(["c-1", "c-2"]) == {
+        "c-1": record("c-1", status=Status.REVOKED, text="new text"),
+        "c-2": record("c-2"),
+    }
+
+
+def test_last_record_of_an_id_wins_within_one_upsert(backend: Backend) -> None:
+    assert backend.store.upsert([record("c-1"), record("c-1", version="2")]) == 2
+    assert backend.fetch(["c-1"]) == {"c-1": record("c-1", version="2")}
+
+
+def test_upsert_is_all_or_none(backend: Backend) -> None:
+    backend.store.upsert([record("c-1")])
+    batch = [
+        record("c-1", status=Status.REVOKED),
+        record("c-2"),
+        record("c-3", sha256="NOT-A-HASH", text="secret chunk text"),
+    ]
+    with pytest.raises(ValueError, match="nothing was written") as caught:
+        backend.store.upsert(batch)
+    assert "secret" not in str(caught.value)
+    assert backend.fetch(["c-1", "c-2", "c-3"]) == {"c-1": record("c-1")}
+    backend.store.upsert([record("c-2")])  # still usable after the rollback
+    assert set(backend.fetch(["c-2"])) == {"c-2"}
+
+
+def test_upsert_refuses_naive_timestamps(backend: Backend) -> None:
+    batch = [record("c-1"), record("c-2", expires_at=datetime(2026, 1, 1))]
+    with pytest.raises(ValueError, match="no time zone"):
+        backend.store.upsert(batch)
+    assert backend.fetch(["c-1", "c-2"]) == {}
+
+
+def test_closed_store_is_unavailable(backend: Backend) -> None:
+    backend.store.upsert([record("c-1")])
+    backend.fetch(["c-1"])
+    backend.run(backend.store.aclose())
+    with pytest.raises(StoreUnavailable):
+        backend.fetch(["c-1"])
+    with pytest.raises(StoreUnavailable):
+        backend.store.get("c-1")
+
+
+# --- get and status changes ----------------------------------------------------------------
+
+
+def test_get_returns_one_record_with_its_text(backend: Backend) -> None:
+    backend.store.upsert([record("c-1", text="the text"), record("c-2")])
+    assert backend.store.get("c-1") == record("c-1", text="the text")
+    assert backend.store.get("nope") is None
+
+
+@pytest.mark.parametrize("status", [Status.REVOKED, Status.QUARANTINED, Status.APPROVED])
+def test_set_status(backend: Backend, status: Status) -> None:
+    backend.store.upsert([record("c-1", status=Status.SUPERSEDED, superseded_by="c-0")])
+    changed = backend.store.set_status("c-1", status)
+    # Any status but superseded clears the successor.
+    assert changed == record("c-1", status=status)
+    assert backend.store.get("c-1") == changed
+    assert backend.fetch(["c-1"]) == {"c-1": changed}
+
+
+def test_set_status_of_an_unknown_chunk(backend: Backend) -> None:
+    with pytest.raises(ChunkNotFound) as caught:
+        backend.store.set_status("nope", Status.REVOKED)
+    assert str(caught.value) == 'chunk "nope": no such record'
+
+
+def test_supersede(backend: Backend) -> None:
+    backend.store.upsert([record("old"), record("new", version="2")])
+    changed = backend.store.set_status("old", Status.SUPERSEDED, superseded_by="new")
+    assert changed == record("old", status=Status.SUPERSEDED, superseded_by="new")
+    assert backend.store.get("old") == changed
+    assert backend.store.get("new") == record("new", version="2")
+
+
+@pytest.mark.parametrize(
+    ("status", "successor", "message"),
+    [
+        (Status.SUPERSEDED, None, "needs the id of the chunk that replaces it"),
+        (Status.SUPERSEDED, "old", "cannot supersede itself"),
+        (Status.SUPERSEDED, "missing", 'successor chunk "missing" has no record'),
+        (Status.SUPERSEDED, "revoked", 'successor chunk "revoked" is itself revoked'),
+        (Status.SUPERSEDED, "superseded", 'successor chunk "superseded" is itself superseded'),
+        (Status.SUPERSEDED, "foreign", 'successor chunk "foreign" belongs to another tenant'),
+        (Status.REVOKED, "new", "only a superseded chunk names a successor"),
+    ],
+)
+def test_refused_status_changes_change_nothing(
+    backend: Backend, status: Status, successor: str | None, message: str
+) -> None:
+    backend.store.upsert(
+        [
+            record("old"),
+            record("new"),
+            record("revoked", status=Status.REVOKED),
+            record("superseded", status=Status.SUPERSEDED, superseded_by="new"),
+            record("foreign", tenant_id="globex"),
+        ]
+    )
+    with pytest.raises(LifecycleError, match=message) as caught:
+        backend.store.set_status("old", status, superseded_by=successor)
+    assert str(caught.value).startswith('chunk "old", field "superseded_by": ')
+    assert backend.store.get("old") == record("old")
+
+
+# --- electronic signatures -----------------------------------------------------------------
+
+
+def test_signature_valid_needs_a_valid_signature_for_the_same_version(backend: Backend) -> None:
+    backend.store.upsert(
+        [
+            record("c-1", doc_id="sop-7", version="2", requires_signature=True),
+            record("c-2", doc_id="sop-7", version="2", requires_signature=True),
+            record("c-3", doc_id="sop-7", version="1", requires_signature=True),
+            record("c-4", doc_id="sop-8", version="2", requires_signature=True),
+        ]
+    )
+    ids = ["c-1", "c-2", "c-3", "c-4"]
+    assert not any(r.signature_valid for r in backend.fetch(ids).values())
+    backend.sign("sop-7", "2")
+    backend.sign("sop-8", "2", valid=False)
+    fetched = backend.fetch(ids)
+    assert {i for i, r in fetched.items() if r.signature_valid} == {"c-1", "c-2"}
+    got = backend.store.get("c-1")
+    assert got is not None and got.signature_valid
+
+
+def test_invalidated_signature_no_longer_counts(backend: Backend) -> None:
+    backend.store.upsert([record("c-1", doc_id="sop-7", version="2", requires_signature=True)])
+    backend.sign("sop-7", "2")
+    assert backend.fetch(["c-1"])["c-1"].signature_valid
+    backend.sql(
+        "UPDATE electronic_signatures SET is_valid = %s WHERE doc_id = %s", (False, "sop-7")
+    )
+    assert not backend.fetch(["c-1"])["c-1"].signature_valid
+    backend.sign("sop-7", "2")  # signed again
+    assert backend.fetch(["c-1"])["c-1"].signature_valid
+
+
+def test_signature_valid_is_never_taken_from_input(backend: Backend) -> None:
+    backend.store.upsert([record("c-1", signature_valid=True)])
+    assert backend.fetch(["c-1"]) == {"c-1": record("c-1", signature_valid=False)}
