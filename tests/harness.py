@@ -100,11 +100,12 @@ class GateStack:
         *,
         config: Mapping[str, Any] | None = None,
         max_body_bytes: int = 4 * 1024 * 1024,
+        store_url: str | None = None,
     ) -> None:
         self.workdir = workdir
         self.upstream = FixtureUpstream().start()
         self.audit_log = workdir / "decisions.jsonl"
-        self.store_url = f"sqlite:///{workdir / 'gate.db'}"
+        self.store_url = store_url or f"sqlite:///{workdir / 'gate.db'}"
         self.metrics_port = free_port()
         self.socket = workdir / "gate.sock"
         self.listen_port = free_port()
@@ -126,6 +127,12 @@ class GateStack:
         return f"http://127.0.0.1:{self.listen_port}"
 
     def start(self) -> GateStack:
+        if self.store_url.startswith("postgresql://"):
+            subprocess.run(
+                [*CLI, "store", "migrate", "--store", self.store_url],
+                check=True,
+                capture_output=True,
+            )
         subprocess.run(
             [*CLI, "store", "load", "--store", self.store_url, str(self._records_file)],
             check=True,
@@ -153,6 +160,10 @@ class GateStack:
             return self.socket.exists()
 
         _wait_for(listening, "the sidecar's gRPC socket")
+
+    def metric(self, name: str) -> float:
+        """One sample from /metrics (0 when absent)."""
+        return self.metrics().get(name, 0.0)
 
     def kill_sidecar(self) -> None:
         assert self.sidecar is not None

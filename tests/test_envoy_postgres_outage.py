@@ -1,0 +1,106 @@
+"""PostgreSQL stopped mid-traffic, through a real Envoy: reject, never admit; recover alone.
+
+Stops and restarts the machine's real PostgreSQL server (pg_ctlcluster, as
+root, as on the CI machines), so it lives in its own module and always
+restarts the server, even when an assertion fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sidecar.demo.upstream import CannedResponse
+from tests.fixtures import qdrant_bodies as qb
+from tests.fixtures.postgres import fresh_database, postgres_available
+from tests.fixtures.records import record_dict, text_for
+from tests.harness import GateStack
+
+pytestmark = pytest.mark.envoy
+
+SEARCH = "/collections/docs/points/search"
+
+
+def _cluster() -> tuple[str, str] | None:
+    if shutil.which("pg_lsclusters") is None or os.geteuid() != 0:
+        return None
+    for line in subprocess.run(
+        ["pg_lsclusters", "--no-header"], capture_output=True, text=True, check=True
+    ).stdout.splitlines():
+        version, name, port, *_ = line.split()
+        if port == "5432":
+            return version, name
+    return None
+
+
+def _pg_ctl(action: str) -> None:
+    cluster = _cluster()
+    assert cluster is not None
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", *cluster, action],
+        check=True,
+        capture_output=True,
+    )
+
+
+@pytest.fixture
+def stoppable() -> Iterator[None]:
+    if _cluster() is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must be able to stop and start PostgreSQL (pg_ctlcluster as root)")
+        pytest.skip("needs a local PostgreSQL cluster this user can stop (pg_ctlcluster, root)")
+    try:
+        yield
+    finally:
+        if postgres_available() is not None:
+            _pg_ctl("start")
+
+
+def _reasons(gate: GateStack, decision_id: str) -> dict[str, list[str]]:
+    record = next(r for r in gate.audit_records() if r["decision_id"] == decision_id)
+    return {r["chunk_id"]: r["reasons"] for r in record["rejected"]}
+
+
+def test_store_down_rejects_after_expiry_and_recovers_without_restart(
+    tmp_path: Path, stoppable: None
+) -> None:
+    with fresh_database() as database:
+        gate = GateStack(
+            tmp_path,
+            [record_dict("1"), record_dict("2")],
+            store_url=database,
+            config={"cache_ttl_seconds": 1, "negative_cache_ttl_seconds": 1},
+        ).start()
+        try:
+            points = [qb.point(i, text_for(str(i))) for i in (1, 2)]
+            gate.upstream.respond("POST", SEARCH, CannedResponse(qb.encode(qb.search_body(points))))
+            assert [h["id"] for h in gate.search(SEARCH).json()["result"]] == [1, 2]
+
+            _pg_ctl("stop")
+            time.sleep(1.5)  # past the cache TTL
+            for _ in range(3):
+                response = gate.search(SEARCH)
+                assert response.status == 200
+                assert response.json()["result"] == []  # abstained: nothing admitted
+                decision_id = response.headers["x-retrieval-gate-decision-id"]
+                reasons = _reasons(gate, decision_id)
+                assert reasons == {"1": ["METADATA_UNAVAILABLE"], "2": ["METADATA_UNAVAILABLE"]}
+            assert gate.metric("retrieval_gate_store_errors_total") >= 1
+
+            _pg_ctl("start")
+            deadline = time.monotonic() + 30
+            admitted: list[int] = []
+            while time.monotonic() < deadline and admitted != [1, 2]:
+                admitted = [h["id"] for h in gate.search(SEARCH).json()["result"]]
+                time.sleep(0.2)
+            assert admitted == [1, 2]  # same sidecar process, no restart
+        finally:
+            if postgres_available() is not None:
+                _pg_ctl("start")  # before the database is dropped
+            gate.stop()
