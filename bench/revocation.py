@@ -39,6 +39,19 @@ def visible(gate: GateStack) -> bool:
     return any(hit["id"] == 1 for hit in gate.search(SEARCH).json()["result"])
 
 
+def wait_for(gate: GateStack, expected: bool, limit_s: float = 30.0) -> int:
+    """Search until the chunk's visibility is ``expected``; return how many searches it took."""
+    deadline = time.monotonic() + limit_s
+    tries = 1
+    while visible(gate) is not expected:
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"chunk still {'hidden' if expected else 'visible'} after {limit_s} s"
+            )
+        tries += 1
+    return tries
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=100)
@@ -57,13 +70,10 @@ def main() -> int:
             with psycopg.connect(database, autocommit=True) as connection:
                 for _ in range(args.rounds):
                     connection.execute("UPDATE chunks SET status = 'approved' WHERE chunk_id = '1'")
-                    while not visible(gate):
-                        pass
+                    wait_for(gate, True)
                     connection.execute("UPDATE chunks SET status = 'revoked' WHERE chunk_id = '1'")
                     committed = time.perf_counter()
-                    tries = 1
-                    while visible(gate):
-                        tries += 1
+                    tries = wait_for(gate, False)
                     samples.append(time.perf_counter() - committed)
                     requests_needed.append(tries)
         finally:

@@ -12,6 +12,7 @@ why the sink logs them when it closes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -196,11 +197,22 @@ class JsonlAuditSink:
             chained = {**record, "seq": seq, "prev_sha256": self._prev}
             digest = record_digest(chained)
             line = _canonical({**chained, "sha256": digest})
+            data = line + b"\n"
+            start = self._file.tell()
             try:
-                # One unbuffered write per record: a crash loses at most the
-                # record being written, never one already returned to a client.
-                self._file.write(line + b"\n")
+                # Unbuffered writes: a crash loses at most the record being
+                # written, never one already returned to a client. A short write
+                # (disk full, file size limit) is completed or undone, never left
+                # as a fragment for the next record to be appended to.
+                written = 0
+                while written < len(data):
+                    count = self._file.write(data[written:])
+                    if not count:
+                        raise OSError(0, "nothing written")
+                    written += count
             except OSError as exc:
+                with contextlib.suppress(OSError):
+                    self._file.truncate(start)
                 raise AuditError(f"{self.path}: {exc.strerror}") from exc
             self._seq = seq
             self._prev = digest

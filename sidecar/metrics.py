@@ -88,6 +88,11 @@ class GateMetrics:
         self.audit_errors = Counter(
             "retrieval_gate_audit_errors", "Audit records that could not be written.", registry=r
         )
+        self.audit_shipping_failed = Gauge(
+            "retrieval_gate_audit_shipping_failed",
+            "1 when the audit shipper stopped for good (see the sidecar log); records pile up.",
+            registry=r,
+        )
         self.audit_backlog = Gauge(
             "retrieval_gate_audit_backlog",
             "Audit records spooled locally and not yet confirmed in the PostgreSQL audit table.",

@@ -88,6 +88,7 @@ def build_audit(settings: Settings, metrics: GateMetrics) -> AuditSink:
         settings.audit_log, settings.audit_store, chain_id=settings.audit_chain_id
     )
     metrics.audit_backlog.set_function(lambda: sink.backlog)
+    metrics.audit_shipping_failed.set_function(lambda: 0 if sink.failure is None else 1)
     sink.start()
     return sink
 

@@ -431,3 +431,16 @@ def test_store_latency_is_reported_per_store_call(
     fetch_partial(cache, ["x"])
     assert len(observer.latencies) == 2
     assert all(0 <= seconds < 1 for seconds in observer.latencies)
+
+
+def test_suspended_cache_serves_but_keeps_nothing_until_resumed() -> None:
+    inner = FakeStore(record("c-1"))
+    cache = CachedStore(inner, ttl=TTL, negative_ttl=NEGATIVE_TTL)
+    cache.suspend()  # e.g. the change listener is down: changes go unannounced
+    assert "c-1" in asyncio.run(cache.fetch(["c-1"]))
+    asyncio.run(cache.fetch(["c-1", "nope"]))
+    assert len(inner.lookups) == 2  # nothing was kept, found or absent
+    cache.resume()
+    asyncio.run(cache.fetch(["c-1"]))
+    asyncio.run(cache.fetch(["c-1"]))
+    assert len(inner.lookups) == 3  # cached again after resume

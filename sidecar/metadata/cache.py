@@ -156,6 +156,9 @@ class CachedStore:
         # an invalidation may predate the change being announced, so it is
         # returned to its caller but not cached.
         self._generation = 0
+        # False while nothing announces changes (the change listener is down):
+        # answers are then served but not kept, so none can go stale unannounced.
+        self._caching = True
 
     async def fetch(self, chunk_ids: Collection[str]) -> Mapping[str, ChunkRecord]:
         """Look up records, from the cache where fresh; raises StoreUnavailable.
@@ -211,6 +214,16 @@ class CachedStore:
         # popping, which would count every entry as an eviction.
         self._found, self._absent = self._new_caches()
         self._observer.cleared()
+
+    def suspend(self) -> None:
+        """Forget everything and keep nothing new until ``resume`` (changes are unannounced)."""
+        self._caching = False
+        self.clear()
+
+    def resume(self) -> None:
+        """Cache again from an empty cache (changes are announced again)."""
+        self.clear()
+        self._caching = True
 
     def close(self) -> None:
         """Close the inner store's synchronous resources."""
@@ -268,7 +281,7 @@ class CachedStore:
             raise
         self._observer.store_latency(time.perf_counter() - started)
         records = {chunk_id: found[chunk_id] for chunk_id in misses if chunk_id in found}
-        cacheable = generation == self._generation
+        cacheable = self._caching and generation == self._generation
         fresh_until = self._timer() + self._ttl
         for chunk_id in misses:
             record = records.get(chunk_id)

@@ -43,6 +43,12 @@ class Invalidatable(Protocol):
     def clear(self) -> None:
         """Forget everything."""
 
+    def suspend(self) -> None:
+        """Forget everything and cache nothing until ``resume``."""
+
+    def resume(self) -> None:
+        """Cache again, from empty."""
+
 
 class ChangeListener:
     """Keeps a LISTEN connection open and invalidates ``cache`` per notification.
@@ -83,6 +89,8 @@ class ChangeListener:
     async def start(self) -> None:
         """Start listening in a background task; returns at once (connects on its own)."""
         if self._task is None:
+            # Until LISTEN is up, a change would go unannounced: cache nothing.
+            self._cache.suspend()
             self._task = asyncio.create_task(self._run(), name="retrieval-gate-listener")
 
     async def wait_listening(self, timeout_s: float) -> bool:
@@ -131,8 +139,8 @@ class ChangeListener:
     def _disconnected(self) -> None:
         self._listening.clear()
         self._backend_pid = None
-        # Changes may be happening unannounced from now on.
-        self._cache.clear()
+        # Changes may be happening unannounced from now on: cache nothing meanwhile.
+        self._cache.suspend()
 
     async def _listen(self) -> None:
         options = connect_options(self._url) | {"autocommit": True}
@@ -142,7 +150,7 @@ class ChangeListener:
             await connection.execute("LISTEN retrieval_gate_chunks")
             # Anything cached so far may predate a change made while we were
             # not listening; from here on every change is announced.
-            self._cache.clear()
+            self._cache.resume()
             self._backend_pid = connection.info.backend_pid
             self._listening.set()
             _log.info(

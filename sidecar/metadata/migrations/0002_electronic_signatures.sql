@@ -17,27 +17,14 @@ CREATE TABLE electronic_signatures (
 CREATE INDEX electronic_signatures_valid ON electronic_signatures (doc_id, version)
     WHERE is_valid;
 
--- A signature change notifies the ids of the chunks of the document version(s)
--- it concerns, like a change to those chunks would.
-CREATE FUNCTION retrieval_gate_signatures_changed() RETURNS trigger
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    IF TG_OP IN ('UPDATE', 'DELETE') THEN
-        PERFORM retrieval_gate_notify(c.chunk_id)
-        FROM chunks AS c WHERE c.doc_id = OLD.doc_id AND c.version = OLD.version;
-    END IF;
-    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE'
-            AND (NEW.doc_id, NEW.version) IS DISTINCT FROM (OLD.doc_id, OLD.version)) THEN
-        PERFORM retrieval_gate_notify(c.chunk_id)
-        FROM chunks AS c WHERE c.doc_id = NEW.doc_id AND c.version = NEW.version;
-    END IF;
-    RETURN NULL;
-END
-$$;
-
+-- A signature change flushes every sidecar's cache rather than naming the
+-- chunks of its document version. Naming them would miss a chunk that a
+-- concurrent, not yet committed transaction moves into that version: its own
+-- notification can be handled while the withdrawn signature still looks
+-- valid, and the withdrawal's notification never named it. Signature changes
+-- are rare, so a flush costs little.
 CREATE TRIGGER electronic_signatures_notify
     AFTER INSERT OR UPDATE OR DELETE ON electronic_signatures
-    FOR EACH ROW EXECUTE FUNCTION retrieval_gate_signatures_changed();
+    FOR EACH STATEMENT EXECUTE FUNCTION retrieval_gate_flush();
 CREATE TRIGGER electronic_signatures_notify_truncate AFTER TRUNCATE ON electronic_signatures
     FOR EACH STATEMENT EXECUTE FUNCTION retrieval_gate_flush();
