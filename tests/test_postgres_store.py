@@ -204,9 +204,7 @@ def test_changes_notify_the_chunk_ids(url: str, sql: Callable[..., Any]) -> None
     assert notifications(url, lambda: sql("TRUNCATE chunks")) == [""]
 
 
-def test_signature_changes_flush_every_cache(
-    url: str, sql: Callable[..., Any]
-) -> None:
+def test_signature_changes_flush_every_cache(url: str, sql: Callable[..., Any]) -> None:
     PostgresStore(url).upsert(
         [
             record("c-1", doc_id="sop", version="2"),
