@@ -269,7 +269,22 @@ class JwksUrl:
         return _KeySet.from_jwks(json.loads(body), self._url_for_logs)
 
 
-class PemPublicKey:
+class _SingleKey:
+    """A key source with exactly one key, used whatever the token's kid."""
+
+    _key: VerificationKey
+
+    @property
+    def key(self) -> VerificationKey:
+        """The validated key (for handing it to Envoy's jwt_authn as a JWK)."""
+        return self._key
+
+    async def key_for(self, kid: str | None) -> VerificationKey:
+        """The configured key, whatever the kid."""
+        return self._key
+
+
+class PemPublicKey(_SingleKey):
     """One PEM public key (RSA of at least 2048 bits, EC or Ed25519); the token's kid is ignored."""
 
     def __init__(self, path: Path | str) -> None:
@@ -284,17 +299,8 @@ class PemPublicKey:
             )
         self._key = key
 
-    @property
-    def key(self) -> VerificationKey:
-        """The validated key (for handing it to Envoy's jwt_authn as a JWK)."""
-        return self._key
 
-    async def key_for(self, kid: str | None) -> VerificationKey:
-        """The configured key, whatever the kid."""
-        return self._key
-
-
-class HmacSecret:
+class HmacSecret(_SingleKey):
     """A shared HMAC secret read from a file (one trailing newline is not part of it)."""
 
     def __init__(self, path: Path | str) -> None:
@@ -314,15 +320,6 @@ class HmacSecret:
                 f"{MIN_HMAC_SECRET_BYTES} are required"
             )
         self._key = key
-
-    @property
-    def key(self) -> VerificationKey:
-        """The validated secret (for handing it to Envoy's jwt_authn as a JWK)."""
-        return self._key
-
-    async def key_for(self, kid: str | None) -> VerificationKey:
-        """The configured secret, whatever the kid."""
-        return self._key
 
 
 def key_source(
