@@ -45,44 +45,36 @@ passed contains "COLLECTION_FORBIDDEN" if {
 	tenant in tenants
 }
 
-# Routes. The gate filters what searches return, so a caller may only read:
-# GET and HEAD, and POST to the Qdrant endpoints that read points. Writes
-# (upsert, delete, set payload: they could touch another tenant's points) and
-# snapshots (a whole collection, chunk text included, past every per-chunk
-# check) are refused unless policy data opts in:
-#   data.retrieval_gate.routes = {"allow_writes": true, "allow_snapshots": true}
-read_endpoints := {
-	"", "search", "search/batch", "search/groups", "query", "query/batch", "query/groups",
-	"recommend", "recommend/batch", "recommend/groups", "discover", "discover/batch",
-	"scroll", "count",
-}
+# Routes. The gate filters what searches return, so by default a caller may
+# use only routes whose responses the gate filters ("filtered") or that return
+# no chunk content ("read"). The format adapters classify the routes they know
+# (input.route_kind); a route no adapter knows (null) is a read for GET and
+# HEAD and a write otherwise. Writes (they could touch another tenant's
+# chunks) and routes that return chunk content the gate cannot filter
+# ("content": snapshots, exports, document fetches by id) are refused unless
+# policy data opts in:
+#   data.retrieval_gate.routes = {"allow_writes": true, "allow_unfiltered_content": true}
+route_kind := input.route_kind if input.route_kind in {"filtered", "read", "content", "write"}
 
-snapshot_route if {
-	is_string(input.path)
-	"snapshots" in split(input.path, "/")
-}
-
-passed contains "ROUTE_FORBIDDEN" if {
+route_kind := "read" if {
+	input.route_kind == null
 	input.method in {"GET", "HEAD"}
-	not snapshot_route
 }
 
-passed contains "ROUTE_FORBIDDEN" if {
-	input.method == "POST"
-	is_string(input.path)
-	parts := split(trim_right(input.path, "/"), "/")
-	count(parts) >= 4
-	parts[1] == "collections"
-	parts[3] == "points"
-	concat("/", array.slice(parts, 4, count(parts))) in read_endpoints
+route_kind := "write" if {
+	input.route_kind == null
+	is_string(input.method)
+	not input.method in {"GET", "HEAD"}
 }
 
+passed contains "ROUTE_FORBIDDEN" if route_kind in {"filtered", "read"}
+
 passed contains "ROUTE_FORBIDDEN" if {
+	route_kind == "write"
 	data.retrieval_gate.routes.allow_writes == true
-	not snapshot_route
 }
 
 passed contains "ROUTE_FORBIDDEN" if {
-	snapshot_route
-	data.retrieval_gate.routes.allow_snapshots == true
+	route_kind == "content"
+	data.retrieval_gate.routes.allow_unfiltered_content == true
 }

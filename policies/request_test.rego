@@ -13,6 +13,7 @@ search := {
 	"method": "POST",
 	"path": "/collections/sops/points/search",
 	"collection": "sops",
+	"route_kind": "filtered",
 }
 
 owned := {
@@ -41,7 +42,7 @@ test_undescribed_collection_is_allowed if {
 }
 
 test_route_without_collection_is_allowed if {
-	denials_with({"collection": null, "method": "GET", "path": "/"}, owned) == []
+	denials_with({"collection": null, "method": "GET", "path": "/", "route_kind": null}, owned) == []
 }
 
 test_without_data_everything_is_allowed if {
@@ -135,57 +136,67 @@ test_method_and_path_do_not_matter if {
 	denials_with(other_route, {"sops": {"tenants": ["globex"]}}) == ["COLLECTION_FORBIDDEN"]
 }
 
-# Routes: reads only, unless policy data opts in
+# Routes: filtered and reads only, unless policy data opts in
 
-route(method, path) := denials if {
-	denials := request.denials with input as object.union(search, {"method": method, "path": path})
+route(method, kind) := denials if {
+	denials := request.denials with input as object.union(search, {"method": method, "route_kind": kind})
 		with data.retrieval_gate.collections as {}
 }
 
-test_search_endpoints_are_reads if {
-	route("POST", "/collections/sops/points/search") == []
-	route("POST", "/collections/sops/points/query/batch") == []
-	route("POST", "/collections/sops/points/scroll/") == []
-	route("POST", "/collections/sops/points") == []
-	route("GET", "/collections/sops/points/7") == []
-	route("HEAD", "/collections/sops") == []
+route_with(kind, flags) := denials if {
+	denials := request.denials with input as object.union(search, {"method": "POST", "route_kind": kind})
+		with data.retrieval_gate.collections as {}
+		with data.retrieval_gate.routes as flags
 }
 
-test_writes_are_refused_by_default if {
-	route("PUT", "/collections/sops/points") == ["ROUTE_FORBIDDEN"]
-	route("POST", "/collections/sops/points/delete") == ["ROUTE_FORBIDDEN"]
-	route("POST", "/collections/sops/points/payload") == ["ROUTE_FORBIDDEN"]
-	route("DELETE", "/collections/sops") == ["ROUTE_FORBIDDEN"]
-	route("POST", "/collections/sops/facet") == ["ROUTE_FORBIDDEN"]
+test_filtered_and_read_routes_are_allowed if {
+	route("POST", "filtered") == []
+	route("GET", "filtered") == []
+	route("POST", "read") == []
+	route("DELETE", "read") == []
 }
 
-test_snapshots_are_refused_even_to_read if {
-	route("GET", "/collections/sops/snapshots/s1.snapshot") == ["ROUTE_FORBIDDEN"]
-	route("GET", "/snapshots") == ["ROUTE_FORBIDDEN"]
+test_writes_and_unfiltered_content_are_refused_by_default if {
+	route("POST", "write") == ["ROUTE_FORBIDDEN"]
+	route("GET", "write") == ["ROUTE_FORBIDDEN"]
+	route("GET", "content") == ["ROUTE_FORBIDDEN"]
+}
+
+test_unknown_routes_are_reads_for_get_and_head_only if {
+	route("GET", null) == []
+	route("HEAD", null) == []
+	route("POST", null) == ["ROUTE_FORBIDDEN"]
+	route("PUT", null) == ["ROUTE_FORBIDDEN"]
+	route("get", null) == ["ROUTE_FORBIDDEN"]
+}
+
+test_missing_or_mistyped_kind_is_refused if {
+	request.denials == ["ROUTE_FORBIDDEN"] with input as object.remove(search, ["route_kind"])
+	route("GET", "snapshot") == ["ROUTE_FORBIDDEN"]
+	route("GET", 1) == ["ROUTE_FORBIDDEN"]
+	route("GET", ["read"]) == ["ROUTE_FORBIDDEN"]
+}
+
+test_unknown_route_without_method_is_refused if {
+	request.denials == ["ROUTE_FORBIDDEN"] with input as object.remove(search, ["method", "route_kind"])
+		with data.retrieval_gate.routes as {"allow_writes": true}
 }
 
 test_writes_allowed_by_data if {
-	request.denials == [] with input as object.union(search, {"method": "PUT", "path": "/collections/sops/points"})
-		with data.retrieval_gate.collections as {}
-		with data.retrieval_gate.routes as {"allow_writes": true}
+	route_with("write", {"allow_writes": true}) == []
+	route_with(null, {"allow_writes": true}) == []
 }
 
-test_allow_writes_does_not_open_snapshots if {
-	denials := request.denials with input as object.union(search, {"method": "GET", "path": "/collections/sops/snapshots"})
-		with data.retrieval_gate.collections as {}
-		with data.retrieval_gate.routes as {"allow_writes": true}
-	denials == ["ROUTE_FORBIDDEN"]
+test_allow_writes_does_not_open_unfiltered_content if {
+	route_with("content", {"allow_writes": true}) == ["ROUTE_FORBIDDEN"]
 }
 
-test_snapshots_allowed_by_data if {
-	request.denials == [] with input as object.union(search, {"method": "GET", "path": "/collections/sops/snapshots"})
-		with data.retrieval_gate.collections as {}
-		with data.retrieval_gate.routes as {"allow_snapshots": true}
+test_unfiltered_content_allowed_by_data if {
+	route_with("content", {"allow_unfiltered_content": true}) == []
+	route_with("write", {"allow_unfiltered_content": true}) == ["ROUTE_FORBIDDEN"]
 }
 
 test_allow_flags_must_be_true if {
-	denials := request.denials with input as object.union(search, {"method": "PUT", "path": "/collections/sops/points"})
-		with data.retrieval_gate.collections as {}
-		with data.retrieval_gate.routes as {"allow_writes": "yes"}
-	denials == ["ROUTE_FORBIDDEN"]
+	route_with("write", {"allow_writes": "yes"}) == ["ROUTE_FORBIDDEN"]
+	route_with("content", {"allow_unfiltered_content": 1}) == ["ROUTE_FORBIDDEN"]
 }

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sidecar.formats import Route, RouteKind
 from sidecar.identity import AuthRequest, Caller, IdentityError, IdentityProvider
 from sidecar.policy.engine import PolicyError
 
@@ -77,10 +78,16 @@ class RequestAccess:
     """Identity, then the request policy, for one request."""
 
     def __init__(
-        self, identity: IdentityProvider, request_policy: RequestPolicyEvaluator | None
+        self,
+        identity: IdentityProvider,
+        request_policy: RequestPolicyEvaluator | None,
+        *,
+        route_kind: Callable[[Route], RouteKind | None],
     ) -> None:
+        """``route_kind`` says what a route does (the format adapters know; None: unknown)."""
         self._identity = identity
         self._request_policy = request_policy
+        self._route_kind = route_kind
 
     async def admit(self, request: AuthRequest) -> Admission:
         """Return the caller and the headers to strip, or raise AccessDenied."""
@@ -107,6 +114,7 @@ class RequestAccess:
             "method": request.method,
             "path": request.path,
             "collection": collection_of(request.path),
+            "route_kind": self._route_kind(Route(request.method, request.path)),
         }
         try:
             reasons = self._request_policy.evaluate(document)

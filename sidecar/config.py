@@ -13,6 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from sidecar.formats.registry import FormatTable, build_format_table
 from sidecar.identity.claims import DEFAULT_PRINCIPAL_CLAIMS
 
 
@@ -47,6 +48,8 @@ class RouteOptions:
     push_down: bool | None = None
     overfetch_factor: float | None = None
     substitute_superseded: bool | None = None
+    # The one format that owns paths under this prefix (route detection is skipped).
+    format: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,9 @@ class Settings:
     substitute_superseded: bool = False
     # Longest matching path prefix wins, e.g. {"/collections/sops/": RouteOptions(mode=STRICT)}.
     routes: dict[str, RouteOptions] = field(default_factory=dict)
+    # Format adapters' options by format name (README, "Formats"); a name that
+    # is not built in defines a generic adapter.
+    formats: dict[str, dict[str, Any]] = field(default_factory=dict)
     cache_ttl_seconds: float = 30.0
     cache_size: int = 100_000
     negative_cache_ttl_seconds: float = 5.0
@@ -161,6 +167,8 @@ def _route_options(value: Any) -> RouteOptions:
     unknown = set(value) - {f.name for f in fields(RouteOptions)}
     if unknown:
         raise ValueError(f"unknown route option {sorted(unknown)[0]!r}")
+    if value.get("format") is not None and not isinstance(value["format"], str):
+        raise TypeError("format must be a format name")
     for flag in ("push_down", "substitute_superseded"):
         if value.get(flag) is not None and not isinstance(value[flag], bool):
             raise TypeError(f"{flag} must be true or false")
@@ -171,6 +179,7 @@ def _route_options(value: Any) -> RouteOptions:
         push_down=value.get("push_down"),
         overfetch_factor=None if factor is None else _factor(factor),
         substitute_superseded=value.get("substitute_superseded"),
+        format=value.get("format"),
     )
 
 
@@ -184,6 +193,10 @@ def _convert(name: str, value: Any) -> Any:
             if not isinstance(value, dict):
                 raise TypeError("must be a table of path prefix = {options}")
             return {str(prefix): _route_options(options) for prefix, options in value.items()}
+        if name == "formats":
+            if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+                raise TypeError("must be a table of format name = {options}")
+            return {str(k): dict(v) for k, v in value.items()}
         if name == "principal_claims":
             if not isinstance(value, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) and k and v for k, v in value.items()
@@ -243,6 +256,21 @@ def _check_audit(settings: Settings) -> None:
         )
 
 
+def _check_formats(settings: Settings) -> None:
+    try:
+        format_table(settings)
+    except ValueError as exc:
+        raise ConfigError(f"setting 'formats': {exc}") from exc
+
+
+def format_table(settings: Settings) -> FormatTable:
+    """The format adapters these settings configure; raises ValueError naming the option."""
+    pinned = {prefix: o.format for prefix, o in settings.routes.items() if o.format is not None}
+    return build_format_table(
+        settings.formats, pinned, text_field=settings.text_field, id_field=settings.id_field
+    )
+
+
 def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
     """Defaults, then the TOML file at ``path`` (if any), then non-None ``overrides``."""
     known = {f.name for f in fields(Settings)}
@@ -263,4 +291,5 @@ def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = N
     settings = replace(Settings(), **values)
     _check_identity(settings)
     _check_audit(settings)
+    _check_formats(settings)
     return settings

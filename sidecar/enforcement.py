@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -29,8 +29,9 @@ from sidecar.formats import (
     RequestRewriter,
     ResponseFormat,
     Route,
-    detect,
+    Unreleasable,
 )
+from sidecar.formats.registry import FormatTable
 from sidecar.gate import Gate, Verdict
 from sidecar.identity import Caller
 from sidecar.metadata.cache import CachedStore
@@ -81,7 +82,7 @@ class ResponseFilter:
     def __init__(
         self,
         *,
-        formats: Sequence[ResponseFormat],
+        formats: FormatTable,
         store: CachedStore,
         gate: Gate,
         audit: AuditSink,
@@ -101,7 +102,7 @@ class ResponseFilter:
 
     def format_for(self, route: Route) -> ResponseFormat | None:
         """The format whose responses on ``route`` must be filtered, or None to pass them."""
-        return detect(route, self._formats)
+        return self._formats.response_format(route)
 
     def rewriter_for(self, fmt: ResponseFormat, route: Route) -> RequestRewriter | None:
         """The format's request rewriter when this route pushes the tenant down or over-fetches."""
@@ -178,23 +179,35 @@ class ResponseFilter:
 
         limits = rewrite.limits if rewrite is not None and rewrite.overfetched else None
         kept = verdict.admitted_positions | replacements.keys()
+        refusal = "rejected_chunks"  # the error a client gets when the response is blocked
+        rendered: list[frozenset[int]] = []  # the keep set the body was rendered with
+
+        def render(keep: frozenset[int]) -> bytes:
+            rendered.append(keep)
+            return parsed.render(keep, limits, replacements)
+
         try:
             outcome, status, new_body = self._apply_mode(
                 mode,
                 kept,
                 len(verdict.decisions),
-                lambda keep: parsed.render(keep, limits, replacements),
+                render,
                 trims=limits is not None,
-                substitutes=bool(replacements),
             )
-            # Over-fetch trims admitted hits beyond k: the client gets fewer than kept.
-            released = parsed.released_positions(kept, limits) if limits is not None else None
+            # The client may get fewer hits than were kept: over-fetch trims
+            # admitted hits beyond k, and a format drops a kept hit whose
+            # container went (an emptied group, a reference inside a removed hit).
+            released = parsed.released_positions(rendered[-1], limits) if rendered else None
         except MalformedBody as exc:
             # E.g. fewer sub-results than the rewritten request had sub-queries.
             log.warning("malformed %s body on %s: %s", fmt.name, route.path, exc)
             return self._unreadable(
                 "upstream_body_malformed", fmt, route, caller, request_id, started
             )
+        except Unreleasable as exc:
+            # What is left would still carry what was removed (e.g. generated text).
+            log.info("%s response on %s blocked: %s", fmt.name, route.path, exc.code)
+            outcome, status, new_body, released, refusal = Outcome.BLOCKED, 403, None, [], exc.code
         headers = {
             "x-retrieval-gate-decision-id": decision_id,
             "x-retrieval-gate-admitted": str(len(kept) if released is None else len(released)),
@@ -203,6 +216,8 @@ class ResponseFilter:
         record = self._record(decision_id, request_id, caller, fmt, mode, verdict, started)
         record["tenant_filter"] = rewrite is not None and rewrite.tenant_filter
         record["overfetched"] = limits is not None
+        if status != 200:
+            record["refusal"] = refusal
         if released is not None:
             by_position = {d.position: d.chunk_id for d in verdict.decisions}
             record["released"] = [
@@ -240,9 +255,7 @@ class ResponseFilter:
         self._metrics.responses.labels(outcome, fmt.name).inc()
         self._metrics.decision_seconds.observe(time.perf_counter() - started)
         if status != 200:
-            return FilterResult(
-                outcome, status, _error_body("rejected_chunks", decision_id), headers
-            )
+            return FilterResult(outcome, status, _error_body(refusal, decision_id), headers)
         return FilterResult(outcome, 200, new_body, headers)
 
     def _unreadable(
@@ -312,14 +325,15 @@ class ResponseFilter:
         render: Callable[[frozenset[int]], bytes],
         *,
         trims: bool,
-        substitutes: bool,
     ) -> tuple[str, int, bytes | None]:
         if mode is Mode.AUDIT:
             # Over-fetched results still go back to the asked-for size.
             return Outcome.PASSTHROUGH, 200, render(frozenset(range(total))) if trims else None
         if len(kept) == total:
-            # Nothing removed: the upstream body goes out unless trimmed or substituted.
-            return Outcome.FILTERED, 200, render(kept) if trims or substitutes else None
+            # Nothing removed, but still rendered: some formats carry side
+            # structures computed beyond the returned hits (Elasticsearch
+            # aggregations, Weaviate Aggregate) that never go out unfiltered.
+            return Outcome.FILTERED, 200, render(kept)
         if mode is Mode.STRICT:
             return Outcome.BLOCKED, 403, None
         outcome = Outcome.ABSTAINED if not kept else Outcome.FILTERED

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,11 +13,10 @@ from prometheus_client import start_http_server
 from sidecar.access import RequestAccess
 from sidecar.audit import AuditSink, JsonlAuditSink, NullAuditSink
 from sidecar.audit_postgres import PostgresAuditSink
-from sidecar.config import ConfigError, IdentityMode, Settings
+from sidecar.config import ConfigError, IdentityMode, Settings, format_table
 from sidecar.enforcement import ResponseFilter
 from sidecar.envoy.ext_authz import AuthorizationServicer
 from sidecar.envoy.ext_proc import ExternalProcessorServicer
-from sidecar.formats import QdrantFormat, ResponseFormat
 from sidecar.gate import Gate
 from sidecar.identity import IdentityProvider
 from sidecar.identity.claims import ClaimMapping
@@ -106,10 +104,6 @@ def load_policy_data(settings: Settings) -> dict[str, Any] | None:
     return document
 
 
-def build_formats(settings: Settings) -> Sequence[ResponseFormat]:
-    return [QdrantFormat(text_field=settings.text_field, id_field=settings.id_field)]
-
-
 @dataclass
 class Sidecar:
     """The assembled parts of one sidecar process."""
@@ -139,9 +133,10 @@ class Sidecar:
         policy = RegorusEngine.from_directory(settings.policy_dir, data=data)
         request_policy = RequestPolicy.from_directory(settings.policy_dir, data=data)
         gate = Gate(policy, ReasonOrder(settings.custom_reasons))
+        formats = format_table(settings)
         audit = build_audit(settings, metrics)
         response_filter = ResponseFilter(
-            formats=build_formats(settings),
+            formats=formats,
             store=store,
             gate=gate,
             audit=audit,
@@ -150,7 +145,9 @@ class Sidecar:
             overfetch_cap=settings.overfetch_cap,
         )
         log.info("policy %s loaded from %s", policy.version, settings.policy_dir)
-        access = RequestAccess(build_identity(settings), request_policy)
+        access = RequestAccess(
+            build_identity(settings), request_policy, route_kind=formats.route_kind
+        )
         listener = change_listener(inner, store)
         return cls(settings, metrics, store, audit, response_filter, access, listener)
 
@@ -174,7 +171,10 @@ class SidecarServer:
         ]
         self._grpc = grpc.aio.server(options=options)
         ext_proc_pb2_grpc.add_ExternalProcessorServicer_to_server(
-            ExternalProcessorServicer(sidecar.response_filter), self._grpc
+            ExternalProcessorServicer(
+                sidecar.response_filter, max_body_bytes=sidecar.settings.max_body_bytes
+            ),
+            self._grpc,
         )
         ext_authz_pb2_grpc.add_AuthorizationServicer_to_server(
             AuthorizationServicer(sidecar.access), self._grpc

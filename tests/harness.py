@@ -101,9 +101,12 @@ class GateStack:
         config: Mapping[str, Any] | None = None,
         max_body_bytes: int = 4 * 1024 * 1024,
         store_url: str | None = None,
+        upstream_url: str | None = None,
     ) -> None:
+        """``upstream_url`` puts a real server behind Envoy instead of the fixture upstream."""
         self.workdir = workdir
-        self.upstream = FixtureUpstream().start()
+        self._fixture = FixtureUpstream().start() if upstream_url is None else None
+        self.upstream_url = upstream_url or self.upstream.url
         self.audit_log = workdir / "decisions.jsonl"
         self.store_url = store_url or f"sqlite:///{workdir / 'gate.db'}"
         self.metrics_port = free_port()
@@ -121,6 +124,13 @@ class GateStack:
         }
         self.sidecar: subprocess.Popen[bytes] | None = None
         self.envoy: subprocess.Popen[bytes] | None = None
+
+    @property
+    def upstream(self) -> FixtureUpstream:
+        """The fixture upstream (absent when a real server was given)."""
+        if self._fixture is None:
+            raise AttributeError("this stack proxies a real upstream, not the fixture")
+        return self._fixture
 
     @property
     def url(self) -> str:
@@ -179,7 +189,7 @@ class GateStack:
         bootstrap = build_bootstrap(
             settings,
             listen=("127.0.0.1", self.listen_port),
-            upstream=Upstream.parse(self.upstream.url),
+            upstream=Upstream.parse(self.upstream_url),
             generated_jwks=generated_jwks,
         )
         config = self.workdir / "envoy.json"
@@ -243,4 +253,5 @@ class GateStack:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
-        self.upstream.stop()
+        if self._fixture is not None:
+            self._fixture.stop()

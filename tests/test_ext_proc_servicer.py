@@ -8,18 +8,23 @@ that every one of them ends in an error answer, never in "continue".
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import gzip
+import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import brotli
 import grpc
 import orjson
 import pytest
+import zstandard
 from google.protobuf import struct_pb2
 
 from sidecar.config import IdentityMode, Settings
 from sidecar.envoy.ext_proc import IDENTITY_NAMESPACE, ExternalProcessorServicer
-from sidecar.formats import Route
+from sidecar.formats import Route, RouteKind
+from sidecar.formats.registry import FormatTable
 from sidecar.records import parse_record
 from sidecar.server import Sidecar
 from sidecar.wire import envoy_core_pb2 as core
@@ -69,7 +74,10 @@ def run_stream(
     async def go() -> list[ext_proc.ProcessingResponse]:
         server = grpc.aio.server()
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(
-            ExternalProcessorServicer(sidecar.response_filter), server
+            ExternalProcessorServicer(
+                sidecar.response_filter, max_body_bytes=sidecar.settings.max_body_bytes
+            ),
+            server,
         )
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
@@ -144,24 +152,75 @@ def test_body_in_parts_is_an_error_not_a_pass(sidecar: Sidecar) -> None:
     assert answers[2].immediate_response.status.code == 500
 
 
-def test_compressed_search_response_is_502(sidecar: Sidecar) -> None:
+@pytest.mark.parametrize(
+    ("coding", "encode"),
+    [
+        ("gzip", gzip.compress),
+        ("deflate", zlib.compress),
+        ("br", brotli.compress),
+        ("zstd", zstandard.ZstdCompressor().compress),
+    ],
+)
+def test_compressed_search_response_is_decoded_filtered_and_sent_uncompressed(
+    sidecar: Sidecar, coding: str, encode: Callable[[bytes], bytes]
+) -> None:
     answers = run_stream(
-        sidecar, [request_headers(SEARCH), response_headers(content_encoding="br")]
+        sidecar,
+        [
+            request_headers(SEARCH),
+            response_headers(content_encoding=coding),
+            response_body(encode(BODY)),
+        ],
+    )
+    common = answers[2].response_body.response
+    assert [h["id"] for h in orjson.loads(common.body_mutation.body)["result"]] == [1]
+    assert list(common.header_mutation.remove_headers) == ["content-encoding"]
+
+
+def test_unknown_content_coding_is_502(sidecar: Sidecar) -> None:
+    answers = run_stream(
+        sidecar, [request_headers(SEARCH), response_headers(content_encoding="compress")]
     )
     assert answers[1].immediate_response.status.code == 502
+
+
+def test_corrupt_compressed_body_is_502(sidecar: Sidecar) -> None:
+    answers = run_stream(
+        sidecar,
+        [request_headers(SEARCH), response_headers(content_encoding="gzip"), response_body(BODY)],
+    )
+    assert answers[2].immediate_response.status.code == 502
+    assert b"unknown chunk" not in answers[2].immediate_response.body
+
+
+def test_compressed_body_over_the_limit_once_decoded_is_502(tmp_path: Path) -> None:
+    settings = replace(
+        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        max_body_bytes=len(BODY) - 1,
+    )
+    answers = run_stream(
+        Sidecar.from_settings(settings),
+        [
+            request_headers(SEARCH),
+            response_headers(content_encoding="gzip"),
+            response_body(gzip.compress(BODY)),
+        ],
+    )
+    assert answers[2].immediate_response.status.code == 502
 
 
 def test_unexpected_failure_answers_500(sidecar: Sidecar) -> None:
     class Exploding:
         name = "exploding"
 
-        def handles(self, route: Route) -> bool:
-            return True
+        def route_kind(self, route: Route) -> RouteKind:
+            return RouteKind.FILTERED
 
         def parse(self, body: bytes, route: Route) -> object:
             raise RuntimeError("bug")
 
-    sidecar.response_filter._formats = [Exploding()]  # type: ignore[list-item]
+    sidecar.response_filter._formats = FormatTable([Exploding()])  # type: ignore[list-item]
     answers = run_stream(
         sidecar, [request_headers(SEARCH), response_headers(), response_body(BODY)]
     )

@@ -5,10 +5,13 @@ from __future__ import annotations
 import gzip
 import signal
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import brotli
 import pytest
+import zstandard
 
 from sidecar.demo.upstream import CannedResponse
 from tests.fixtures import qdrant_bodies as qb
@@ -106,22 +109,70 @@ def test_body_over_the_limit_is_an_error_not_a_pass(stack: GateStack) -> None:
     assert SECRET.encode() not in response.body
 
 
-def test_gzip_body_from_an_upstream_that_ignores_accept_encoding_is_502(
-    stack: GateStack,
+@pytest.mark.parametrize(
+    ("coding", "encode"),
+    [
+        ("gzip", gzip.compress),
+        ("deflate", zlib.compress),
+        ("br", brotli.compress),
+        ("zstd", zstandard.ZstdCompressor().compress),
+    ],
+)
+def test_compressed_body_from_an_upstream_that_ignores_accept_encoding_is_decoded_and_filtered(
+    stack: GateStack, coding: str, encode: Callable[[bytes], bytes]
 ) -> None:
-    compressed = gzip.compress(qb.encode(qb.search_body(POINTS)))
     stack.upstream.respond(
         "POST",
         SEARCH,
         CannedResponse(
-            compressed,
-            headers={"content-type": "application/json", "content-encoding": "gzip"},
+            encode(qb.encode(qb.search_body(POINTS))),
+            headers={"content-type": "application/json", "content-encoding": coding},
+        ),
+    )
+    response = stack.search(SEARCH, headers={"accept-encoding": "gzip, deflate, br, zstd"})
+    assert response.status == 200, response.body
+    # The upstream was asked for no compression; the client gets the filtered body plain.
+    assert stack.upstream.requests[-1].headers.get("accept-encoding") is None
+    assert "content-encoding" not in response.headers
+    assert [hit["id"] for hit in response.json()["result"]] == [1]
+    assert SECRET.encode() not in response.body
+
+
+@pytest.mark.parametrize(
+    ("coding", "body"),
+    [
+        ("compress", b"\x1f\x9d\x90 not readable"),
+        ("gzip", b"not gzip at all"),
+        ("br", b"\x8b\x03\x80truncated"),
+    ],
+)
+def test_compressed_body_the_gate_cannot_read_is_502(
+    stack: GateStack, coding: str, body: bytes
+) -> None:
+    stack.upstream.respond(
+        "POST",
+        SEARCH,
+        CannedResponse(
+            body, headers={"content-type": "application/json", "content-encoding": coding}
         ),
     )
     response = stack.search(SEARCH, headers={"accept-encoding": "gzip"})
     assert response.status == 502
     assert response.json()["error"] == "upstream_body_unreadable"
-    assert compressed not in response.body
+
+
+def test_a_decompression_bomb_is_502(stack: GateStack) -> None:
+    bomb = gzip.compress(b'{"result":[' + b" " * (10 * 1024 * 1024) + b'],"status":"ok"}')
+    stack.upstream.respond(
+        "POST",
+        SEARCH,
+        CannedResponse(
+            bomb, headers={"content-type": "application/json", "content-encoding": "gzip"}
+        ),
+    )
+    response = stack.search(SEARCH, headers={"accept-encoding": "gzip"})
+    assert response.status == 502
+    assert response.json()["error"] == "upstream_body_unreadable"
 
 
 @pytest.mark.parametrize(

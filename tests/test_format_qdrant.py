@@ -24,6 +24,7 @@ from sidecar.formats import (
     QdrantFormat,
     ResponseFormat,
     Route,
+    RouteKind,
     detect,
 )
 from tests.fixtures.qdrant_bodies import (
@@ -182,8 +183,8 @@ POINTS = [
         ("post", "/collections/docs/points/search"),
     ],
 )
-def test_handles_point_reading_routes(method: str, path: str) -> None:
-    assert QdrantFormat().handles(Route(method, path))
+def test_filters_point_reading_routes(method: str, path: str) -> None:
+    assert QdrantFormat().route_kind(Route(method, path)) is RouteKind.FILTERED
 
 
 @pytest.mark.parametrize(
@@ -211,8 +212,32 @@ def test_handles_point_reading_routes(method: str, path: str) -> None:
         ("POST", ""),
     ],
 )
-def test_ignores_other_routes(method: str, path: str) -> None:
-    assert not QdrantFormat().handles(Route(method, path))
+def test_filters_no_other_routes(method: str, path: str) -> None:
+    assert QdrantFormat().route_kind(Route(method, path)) is not RouteKind.FILTERED
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kind"),
+    [
+        ("GET", "/collections/docs", RouteKind.READ),
+        ("HEAD", "/collections/docs/points", RouteKind.READ),
+        ("POST", "/collections/docs/points/count", RouteKind.READ),
+        ("PUT", "/collections/docs/points", RouteKind.WRITE),
+        ("POST", "/collections/docs/points/delete", RouteKind.WRITE),
+        ("POST", "/collections/docs/points/payload", RouteKind.WRITE),
+        ("DELETE", "/collections/docs", RouteKind.WRITE),
+        ("POST", "/collections/docs/facet", RouteKind.WRITE),
+        ("GET", "/collections/docs/snapshots/s1.snapshot", RouteKind.CONTENT),
+        ("POST", "/collections/docs/snapshots", RouteKind.CONTENT),
+        ("GET", "/snapshots", RouteKind.CONTENT),
+        ("GET", "/collections", None),
+        ("GET", "/cluster", None),
+        ("POST", "/api/v2/tenants/t/databases/d/collections/c/query", None),
+        ("POST", "/docs/_search", None),
+    ],
+)
+def test_route_kinds(method: str, path: str, kind: RouteKind | None) -> None:
+    assert QdrantFormat().route_kind(Route(method, path)) is kind
 
 
 def test_name() -> None:

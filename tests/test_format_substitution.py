@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 
 from sidecar.formats import QdrantFormat, Replacement
-from sidecar.formats.qdrant import SUBSTITUTED_FOR
+from sidecar.formats.base import SUBSTITUTED_FOR
 from tests.fixtures import qdrant_bodies as qb
 from tests.test_format_qdrant import RESPONSE_MODELS
 
@@ -51,3 +51,11 @@ def test_original_document_is_not_mutated() -> None:
     parsed = QdrantFormat().parse(body, qb.route("search"))
     parsed.render({0}, replacements={0: Replacement("2", "new")})
     assert orjson.loads(parsed.render({0}))["result"][0] == qb.point(1, "old")
+
+
+def test_a_non_ascii_digit_id_stays_a_string() -> None:
+    # "٣" is a digit to str.isdigit() but no Qdrant integer id.
+    body = qb.encode(qb.search_body([qb.point(1, "old")]))
+    parsed = QdrantFormat().parse(body, qb.route("search"))
+    out = parsed.render({0}, replacements={0: Replacement("٣", "new")})
+    assert orjson.loads(out)["result"][0]["id"] == "٣"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from typing import Any
 
 import grpc
 import pytest
@@ -10,6 +12,7 @@ from google.protobuf import json_format
 
 from sidecar.access import RequestAccess, collection_of
 from sidecar.envoy.ext_authz import AuthorizationServicer
+from sidecar.formats import QdrantFormat
 from sidecar.identity import AuthRequest, Caller, IdentityError
 from sidecar.identity.headers import TrustedHeaders
 from sidecar.wire import ext_authz_pb2 as authz
@@ -58,7 +61,9 @@ def test_principals_digest_ignores_order_and_hides_names() -> None:
 
 async def _check_async(headers: dict[str, str]) -> authz.CheckResponse:
     server = grpc.aio.server()
-    access = RequestAccess(TrustedHeaders(), request_policy=None)
+    access = RequestAccess(
+        TrustedHeaders(), request_policy=None, route_kind=QdrantFormat().route_kind
+    )
     authz_grpc.add_AuthorizationServicer_to_server(AuthorizationServicer(access), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -97,6 +102,38 @@ def test_every_client_sent_gate_header_is_stripped() -> None:
         {"x-gate-tenant": "acme", "x-gate-principals": "user:a", "x-gate-admin": "yes"}
     )
     assert "x-gate-admin" in response.ok_response.headers_to_remove
+
+
+class RecordingPolicy:
+    """Allows everything and keeps the inputs it was asked about."""
+
+    def __init__(self) -> None:
+        self.inputs: list[Mapping[str, Any]] = []
+
+    def evaluate(self, request_input: Mapping[str, Any]) -> list[str]:
+        self.inputs.append(request_input)
+        return []
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kind"),
+    [
+        ("POST", "/collections/sops/points/search", "filtered"),
+        ("POST", "/collections/sops/points/count", "read"),
+        ("GET", "/collections/sops/snapshots", "content"),
+        ("PUT", "/collections/sops/points", "write"),
+        ("GET", "/healthz", None),
+    ],
+)
+def test_the_request_policy_learns_what_the_route_does(
+    method: str, path: str, kind: str | None
+) -> None:
+    policy = RecordingPolicy()
+    access = RequestAccess(TrustedHeaders(), policy, route_kind=QdrantFormat().route_kind)
+    request = AuthRequest(method, path, {"x-gate-tenant": "acme", "x-gate-principals": "user:a"})
+    asyncio.run(access.admit(request))
+    assert policy.inputs[0]["route_kind"] == kind
+    assert policy.inputs[0]["method"] == method
 
 
 def test_collection_of_paths() -> None:

@@ -36,6 +36,7 @@ def make_request(collection: Any = "sops", tenant: Any = "acme", **fields: Any) 
         "method": "POST",
         "path": f"/collections/{collection}/points/search",
         "collection": collection,
+        "route_kind": "filtered",
         **fields,
     }
 

@@ -17,6 +17,7 @@ import grpc
 from google.protobuf import json_format
 
 from sidecar.access import path_problem
+from sidecar.content_encoding import UndecodableBody, decode, parse_content_encoding
 from sidecar.enforcement import FilterResult, ResponseFilter
 from sidecar.envoy.messages import header_dict, immediate, set_headers
 from sidecar.formats import (
@@ -62,11 +63,14 @@ class _Exchange:
     fmt: ResponseFormat | None = None  # set while the response body must be filtered
     rewriter: RequestRewriter | None = None  # set when the request body is to be rewritten
     rewrite: RequestRewrite | None = None  # what the rewrite did, for the response side
+    codings: tuple[str, ...] = ()  # the response body's content codings, as applied
 
 
 class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
-    def __init__(self, response_filter: ResponseFilter) -> None:
+    def __init__(self, response_filter: ResponseFilter, *, max_body_bytes: int) -> None:
+        """``max_body_bytes`` bounds a compressed body once decoded (Envoy bounds it as sent)."""
         self._filter = response_filter
+        self._max_body_bytes = max_body_bytes
 
     async def Process(
         self,
@@ -182,25 +186,40 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
                 response_headers=ext_proc.HeadersResponse(response=_CONTINUE),
                 mode_override=_SKIP_BODY,
             )
-        encoding = headers.get("content-encoding", "identity").strip().lower()
-        if encoding not in ("", "identity") and exchange.route and exchange.caller:
+        try:
+            # The gate asked for no compression; an upstream that compresses anyway
+            # gets its body decoded, and the filtered body goes out uncompressed.
+            exchange.codings = parse_content_encoding(headers.get("content-encoding", ""))
+        except UndecodableBody as exc:
             exchange.fmt = None
-            result = self._filter.reject_unreadable(
+            return self._unreadable(
+                exchange,
                 fmt,
-                exchange.route,
-                exchange.caller,
-                exchange.request_id,
-                f"content-encoding {encoding}",
-            )
-            if result.status != 200:
-                return immediate(result.status, result.body or b"", "retrieval_gate_unreadable")
-            return ext_proc.ProcessingResponse(
-                response_headers=ext_proc.HeadersResponse(response=_CONTINUE),
-                mode_override=_SKIP_BODY,
+                str(exc),
+                ext_proc.ProcessingResponse(
+                    response_headers=ext_proc.HeadersResponse(response=_CONTINUE),
+                    mode_override=_SKIP_BODY,
+                ),
             )
         return ext_proc.ProcessingResponse(
             response_headers=ext_proc.HeadersResponse(response=_CONTINUE)
         )
+
+    def _unreadable(
+        self,
+        exchange: _Exchange,
+        fmt: ResponseFormat,
+        why: str,
+        passed: ext_proc.ProcessingResponse,
+    ) -> ext_proc.ProcessingResponse:
+        """The error answer for a body the gate cannot read, or ``passed`` in audit mode."""
+        assert exchange.route is not None and exchange.caller is not None
+        result = self._filter.reject_unreadable(
+            fmt, exchange.route, exchange.caller, exchange.request_id, why
+        )
+        if result.status != 200:
+            return immediate(result.status, result.body or b"", "retrieval_gate_unreadable")
+        return passed
 
     async def _on_response_body(
         self, exchange: _Exchange, message: ext_proc.HttpBody
@@ -215,10 +234,26 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             # would let unfiltered chunks through.
             log.error("response body arrived in parts; configure response_body_mode BUFFERED")
             return immediate(500, b'{"error":"gate_misconfigured"}', "retrieval_gate_not_buffered")
+        body = message.body
+        if exchange.codings:
+            try:
+                body = decode(body, exchange.codings, self._max_body_bytes)
+            except UndecodableBody as exc:
+                return self._unreadable(
+                    exchange,
+                    fmt,
+                    str(exc),
+                    ext_proc.ProcessingResponse(response_body=ext_proc.BodyResponse()),
+                )
         result = await self._filter.filter(
-            fmt, route, caller, exchange.request_id, message.body, exchange.rewrite
+            fmt, route, caller, exchange.request_id, body, exchange.rewrite
         )
-        return self._body_answer(result)
+        answer = self._body_answer(result)
+        if exchange.codings and result.body is not None:
+            # The new body is not compressed; an untouched one keeps its coding.
+            mutation = answer.response_body.response.header_mutation
+            mutation.remove_headers.append("content-encoding")
+        return answer
 
     @staticmethod
     def _body_answer(result: FilterResult) -> ext_proc.ProcessingResponse:

@@ -10,15 +10,47 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol, runtime_checkable
+
+# Marks a substituted hit (in its free-form metadata object: payload, _source,
+# metadata ...) with the chunk it replaced, so readers of the response can tell
+# authoritative substitutes from index hits.
+SUBSTITUTED_FOR = "retrieval_gate_substituted_for"
 
 
 class MalformedBody(Exception):
     """The upstream body is not the shape this format expects; never pass it on."""
 
 
+class Unreleasable(Exception):
+    """The body cannot be released once hits are removed from it.
+
+    For example text that the database generated from every hit (Weaviate's
+    generative search) when the format is configured to block rather than
+    strip it. ``code`` is a short machine-readable reason for the client.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class MalformedRequest(Exception):
     """A search request body the gate cannot read; answer 400, never forward it."""
+
+
+class RouteKind(StrEnum):
+    """What a request on a route does, as far as the gate is concerned.
+
+    The request policy decides which kinds a caller may use; only FILTERED
+    responses are read by the gate.
+    """
+
+    FILTERED = "filtered"  # responses carry hits that the adapter filters
+    READ = "read"  # reads that return no chunk content (counts, schemas, health)
+    CONTENT = "content"  # returns chunk content the gate cannot filter (exports, snapshots)
+    WRITE = "write"  # changes the database
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +107,8 @@ class ParsedBody(Protocol):
         ``replacements`` maps kept positions to the chunk whose id and text
         take that hit's place; the rest of the hit (score, vector, other
         fields) stays.
+
+        Raises Unreleasable when what remains of the body cannot be sent.
         """
         ...
 
@@ -91,8 +125,11 @@ class ResponseFormat(Protocol):
         """Short stable name, used as the ``format`` metric label."""
         ...
 
-    def handles(self, route: Route) -> bool:
-        """True when responses to ``route`` carry hits this format must filter."""
+    def route_kind(self, route: Route) -> RouteKind | None:
+        """What ``route`` does in this database's API; None when it is not one of its routes.
+
+        FILTERED only for routes whose successful responses ``parse`` reads.
+        """
         ...
 
     def parse(self, body: bytes, route: Route) -> ParsedBody:

@@ -23,18 +23,17 @@ from typing import Any, Final
 import orjson
 
 from sidecar.formats import qdrant_request
+from sidecar.formats._common import check_fields, load_object, parse_guarded, usable_id
 from sidecar.formats.base import (
+    SUBSTITUTED_FOR,
     Candidate,
     MalformedBody,
     ParsedBody,
     Replacement,
     RequestRewrite,
     Route,
+    RouteKind,
 )
-
-# Marks a substituted hit's payload with the chunk it replaced, so readers of
-# the response can tell authoritative substitutes from index hits.
-SUBSTITUTED_FOR = "retrieval_gate_substituted_for"
 
 
 class _Selection:
@@ -72,7 +71,9 @@ class _Selection:
         else:
             # Qdrant point ids are unsigned integers or UUID strings.
             chunk_id = replacement.chunk_id
-            substitute["id"] = int(chunk_id) if chunk_id.isdigit() else chunk_id
+            substitute["id"] = (
+                int(chunk_id) if chunk_id.isascii() and chunk_id.isdigit() else chunk_id
+            )
         return substitute
 
 
@@ -106,11 +107,11 @@ class _Hits:
 
     def _chunk_id(self, hit: dict[str, Any]) -> tuple[str | None, str | None]:
         if self._id_field is None:
-            return _usable_id(hit.get("id"), "point id")
+            return usable_id(hit.get("id"), "point id")
         payload, problem = _payload(hit)
         if payload is None:
             return None, problem
-        return _usable_id(payload.get(self._id_field), f"payload field {self._id_field!r}")
+        return usable_id(payload.get(self._id_field), f"payload field {self._id_field!r}")
 
     def _text(self, hit: dict[str, Any]) -> tuple[str | None, str | None]:
         payload, problem = _payload(hit)
@@ -132,17 +133,6 @@ def _payload(hit: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(payload, dict):
         return None, "payload is not an object"
     return payload, None
-
-
-def _usable_id(value: Any, label: str) -> tuple[str | None, str | None]:
-    if value is None:
-        return None, f"{label} missing"
-    # bool is an int subclass, but True is no chunk id.
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        return None, f"{label} is not a string or integer"
-    if value == "":
-        return None, f"{label} is empty"
-    return str(value), None
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +276,8 @@ _POST_SHAPES: Final[Mapping[str, _Shape]] = {
     "scroll": _single(_points_object),
 }
 _GET_POINT_SHAPE: Final = _single(_single_point)
+# POSTs under /collections/{c}/points that read without returning points.
+_READS: Final = frozenset({"count"})
 
 
 def _points_path(route: Route) -> list[str] | None:
@@ -380,6 +372,7 @@ class QdrantFormat:
     """
 
     def __init__(self, text_field: str = "text", id_field: str | None = None) -> None:
+        check_fields(text_field, id_field)
         self.text_field = text_field
         self.id_field = id_field
 
@@ -388,9 +381,23 @@ class QdrantFormat:
         """Short stable name, used as the ``format`` metric label."""
         return "qdrant"
 
-    def handles(self, route: Route) -> bool:
-        """True for the point-reading endpoints of ``/collections/{c}/points``."""
-        return _shape(route) is not None
+    def route_kind(self, route: Route) -> RouteKind | None:
+        """FILTERED for the point-reading endpoints of ``/collections/{c}/points``.
+
+        Snapshots are CONTENT (a whole collection, past every per-chunk check);
+        other reads are GET/HEAD and ``points/count``; anything else under
+        ``/collections`` writes. Paths outside ``/collections`` are not claimed.
+        """
+        if _shape(route) is not None:
+            return RouteKind.FILTERED
+        segments = route.path.removesuffix("/").split("/")
+        if "snapshots" in segments:
+            return RouteKind.CONTENT
+        if len(segments) < 3 or segments[1] != "collections":
+            return None
+        if route.method.upper() in ("GET", "HEAD") or _search_endpoint(route) in _READS:
+            return RouteKind.READ
+        return RouteKind.WRITE
 
     def parse(self, body: bytes, route: Route) -> ParsedBody:
         """Parse a successful response body; raise MalformedBody if it is not one.
@@ -400,23 +407,10 @@ class QdrantFormat:
         shape = _shape(route)
         if shape is None:
             raise ValueError("route is not handled by the qdrant format")
-        try:
-            return self._parse(body, shape)
-        except MalformedBody:
-            raise
-        except orjson.JSONDecodeError:
-            message = "body is not valid UTF-8 JSON"
-        except Exception:
-            # Any other failure is a bug, but a body we cannot read must not pass.
-            message = "body could not be read as a qdrant response"
-        # Raised outside the handler so that nothing is chained: a decode
-        # error's .doc attribute holds the whole body.
-        raise MalformedBody(message)
+        return parse_guarded(self.name, lambda: self._parse(body, shape))
 
     def _parse(self, body: bytes, shape: _Shape) -> _QdrantBody:
-        envelope = orjson.loads(body)
-        if not isinstance(envelope, dict):
-            raise MalformedBody("top level is not a JSON object")
+        envelope = load_object(body)
         if "result" not in envelope:
             raise MalformedBody("no 'result' in body")
         hits = _Hits(self.text_field, self.id_field)

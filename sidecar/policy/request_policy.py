@@ -22,6 +22,7 @@ _SAMPLE_REQUEST = {
     "method": "POST",
     "path": "/",
     "collection": None,
+    "route_kind": None,
 }
 
 

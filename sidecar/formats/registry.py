@@ -1,0 +1,140 @@
+"""The configured formats: which adapters exist, with what options, and who owns a route.
+
+Built-in adapters are detected by route, in a fixed order; configured generic
+adapters come first (their routes are the user's own, so the most specific).
+A route prefix may name the one format that owns it, for APIs mounted where
+detection would guess wrong.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+from sidecar.formats import (
+    ChromaFormat,
+    ElasticsearchFormat,
+    GenericFormat,
+    MilvusFormat,
+    PineconeFormat,
+    QdrantFormat,
+    WeaviateFormat,
+    classify,
+)
+from sidecar.formats.base import ResponseFormat, Route, RouteKind
+
+# Detection order. The path spaces do not overlap on the databases' standard
+# routes; Elasticsearch's ``/{index}/_...`` routes are the loosest, so last.
+BUILT_IN: Final[Mapping[str, Callable[..., ResponseFormat]]] = {
+    "qdrant": QdrantFormat,
+    "chroma": ChromaFormat,
+    "weaviate": WeaviateFormat,
+    "milvus": MilvusFormat,
+    "pinecone": PineconeFormat,
+    "elasticsearch": ElasticsearchFormat,
+}
+GENERIC = "generic"
+
+
+class FormatTable:
+    """The formats in detection order, and the route prefixes pinned to one of them."""
+
+    def __init__(
+        self, formats: Sequence[ResponseFormat], pinned: Mapping[str, str] | None = None
+    ) -> None:
+        """``pinned`` maps a path prefix to a format name (longest prefix wins)."""
+        self.formats = tuple(formats)
+        self._by_name = {fmt.name: fmt for fmt in self.formats}
+        self._pinned = dict(pinned or {})
+        for prefix, name in self._pinned.items():
+            if name not in self._by_name:
+                raise ValueError(f"route {prefix!r}: no enabled format is named {name!r}")
+
+    def classify(self, route: Route) -> tuple[ResponseFormat, RouteKind] | None:
+        """The format that knows ``route``, and what the route does; None if none knows it."""
+        prefix = max((p for p in self._pinned if route.path.startswith(p)), key=len, default=None)
+        if prefix is None:
+            return classify(route, self.formats)
+        return classify(route, [self._by_name[self._pinned[prefix]]])
+
+    def route_kind(self, route: Route) -> RouteKind | None:
+        """What ``route`` does, by the format that knows it; None if none does."""
+        found = self.classify(route)
+        return None if found is None else found[1]
+
+    def response_format(self, route: Route) -> ResponseFormat | None:
+        """The format whose responses on ``route`` must be filtered, or None to pass them."""
+        found = self.classify(route)
+        if found is None or found[1] is not RouteKind.FILTERED:
+            return None
+        return found[0]
+
+
+def build_format_table(
+    options: Mapping[str, Mapping[str, Any]],
+    pinned: Mapping[str, str],
+    *,
+    text_field: str,
+    id_field: str | None,
+) -> FormatTable:
+    """Build the adapters from the ``formats`` settings table.
+
+    ``options`` maps a format name to its options: a built-in name configures
+    (or, with ``enabled = false``, removes) that adapter; any other name is a
+    generic adapter and needs ``adapter = "generic"``. ``text_field`` and
+    ``id_field`` are the defaults for every adapter. Raises ValueError naming
+    the format and the option that is wrong.
+    """
+    generic: list[ResponseFormat] = []
+    built_in: dict[str, ResponseFormat] = {}
+    for name, factory in BUILT_IN.items():
+        table = dict(options.get(name, {}))
+        if not _enabled(name, table):
+            continue
+        built_in[name] = _make(name, factory, table, text_field, id_field)
+    for name, custom in options.items():
+        if name in BUILT_IN:
+            continue
+        table = dict(custom)
+        adapter = table.pop("adapter", None)
+        if adapter != GENERIC:
+            raise ValueError(
+                f"formats.{name}: not a built-in format ({', '.join(BUILT_IN)}); "
+                f'a custom format needs adapter = "{GENERIC}"'
+            )
+        if not _enabled(name, table):
+            continue
+        generic.append(_make(name, GenericFormat, {"name": name, **table}, text_field, id_field))
+    return FormatTable([*generic, *built_in.values()], pinned)
+
+
+def _enabled(name: str, table: dict[str, Any]) -> bool:
+    enabled = table.pop("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ValueError(f"formats.{name}: option 'enabled' must be true or false")
+    return enabled
+
+
+def _make(
+    name: str,
+    factory: Callable[..., ResponseFormat],
+    table: Mapping[str, Any],
+    text_field: str,
+    id_field: str | None,
+) -> ResponseFormat:
+    arguments = {"text_field": text_field, "id_field": id_field, **table}
+    try:
+        return factory(**arguments)
+    except TypeError as exc:
+        # An unknown keyword: name the option, not Python's message.
+        known = set(_parameters(factory))
+        unknown = sorted(set(arguments) - known)
+        problem = f"unknown option {unknown[0]!r}" if unknown else str(exc)
+        raise ValueError(f"formats.{name}: {problem}") from None
+    except ValueError as exc:
+        raise ValueError(f"formats.{name}: {exc}") from None
+
+
+def _parameters(factory: Callable[..., ResponseFormat]) -> list[str]:
+    return list(inspect.signature(factory).parameters)

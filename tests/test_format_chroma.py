@@ -1,0 +1,884 @@
+"""The Chroma adapter: routes, candidates, filtering, substitutes, malformed bodies.
+
+Routes come from chromadb 1.5's OpenAPI document (``chroma run`` serves it at
+``/openapi.json``) and the Python client's calls (``chromadb.api.fastapi``).
+Body shapes come from that document's ``QueryResponse``, ``GetResponse`` and
+``SearchResponse`` and are built by ``tests.fixtures.chroma_bodies``.
+
+Every rendered body is validated twice: with JSON Schema against the
+response schema (``chroma_bodies.RESPONSE_SCHEMAS``), and by handing it to
+chromadb's own HTTP client (``Collection.query``/``get``/``search`` over
+``chromadb.api.fastapi.FastAPI``, with an httpx mock transport standing in
+for the server), which is how an unchanged application reads it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import httpx
+import jsonschema
+import orjson
+import pytest
+from chromadb.api.fastapi import FastAPI
+from chromadb.api.models.Collection import Collection as ChromaCollection
+from chromadb.config import Settings, System
+from chromadb.execution.expression.plan import Search
+from chromadb.types import Collection as CollectionModel
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sidecar.formats import (
+    Candidate,
+    MalformedBody,
+    ParsedBody,
+    QdrantFormat,
+    Replacement,
+    ResponseFormat,
+    Route,
+    RouteKind,
+    classify,
+)
+from sidecar.formats.base import SUBSTITUTED_FOR
+from sidecar.formats.chroma import ChromaFormat
+from tests.fixtures.chroma_bodies import (
+    ALL_INCLUDE,
+    ALL_SELECT,
+    COLLECTION_ID,
+    RESPONSE_SCHEMAS,
+    Body,
+    Row,
+    encode,
+    get_body,
+    query_body,
+    route,
+    row,
+    search_body,
+)
+
+ENDPOINTS = ("query", "get", "search")
+V2 = "/api/v2"
+DB = f"{V2}/tenants/default_tenant/databases/default_database"
+COLL = f"{DB}/collections/{COLLECTION_ID}"
+
+# -- the client library as a validator ----------------------------------------
+
+
+class _ClientReader:
+    """chromadb's own HTTP client, answered with the body under test."""
+
+    def __init__(self) -> None:
+        system = System(
+            Settings(
+                chroma_api_impl="chromadb.api.fastapi.FastAPI",
+                chroma_server_host="chroma.invalid",
+                chroma_server_http_port=8000,
+                anonymized_telemetry=False,
+            )
+        )
+        api = system.instance(FastAPI)
+        self._body = b""
+        api._session = httpx.Client(transport=httpx.MockTransport(self._answer))
+        model = CollectionModel.from_json(
+            {
+                "id": COLLECTION_ID,
+                "name": "docs",
+                "configuration_json": {"hnsw": None, "spann": None, "embedding_function": None},
+                "metadata": None,
+                "dimension": 2,
+                "tenant": "default_tenant",
+                "database": "default_database",
+                "version": 0,
+                "log_position": 0,
+            }
+        )
+        self._collection = ChromaCollection(client=api, model=model)
+
+    def _answer(self, request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=self._body)
+
+    def read(self, endpoint: str, body: bytes) -> dict[str, Any]:
+        """What ``collection.<endpoint>()`` returns to an application for ``body``."""
+        self._body = body
+        include = orjson.loads(body).get("include") or []
+        if endpoint == "query":
+            return dict(self._collection.query(query_embeddings=[[0.0, 0.0]], include=include))
+        if endpoint == "get":
+            return dict(self._collection.get(include=include))
+        result = self._collection.search(Search())
+        result.rows()  # the client's row view zips the columns of every search
+        return dict(result)
+
+
+@functools.cache
+def _reader() -> _ClientReader:
+    return _ClientReader()
+
+
+def validate(endpoint: str, body: bytes) -> Body:
+    """Validate a rendered body with the schema and the client; return it decoded."""
+    decoded: Body = orjson.loads(body)
+    jsonschema.validate(decoded, RESPONSE_SCHEMAS[endpoint])
+    result = _reader().read(endpoint, body)
+    ids = result["ids"]
+    for column in ("documents", "metadatas", "distances", "uris", "scores", "embeddings"):
+        value = result.get(column)
+        if value is None:
+            continue
+        if endpoint == "get":
+            assert len(value) == len(ids), column
+        else:
+            for inner, inner_ids in zip(value, ids, strict=True):
+                assert inner is None or len(inner) == len(inner_ids), column
+    return decoded
+
+
+# -- building bodies -------------------------------------------------------------
+
+
+def build(
+    endpoint: str,
+    batches: Sequence[Sequence[Row]],
+    keep: Collection[int] | None = None,
+    *,
+    include: Sequence[str] = ALL_INCLUDE,
+    selects: Sequence[Sequence[str]] | None = None,
+) -> Body:
+    """The body for ``batches`` (one for get) keeping only the rows whose position
+    (numbered through all batches) is in ``keep``; all when None. The oracle."""
+    kept: list[list[Row]] = []
+    position = 0
+    for batch in batches:
+        kept.append([r for i, r in enumerate(batch, position) if keep is None or i in keep])
+        position += len(batch)
+    if endpoint == "get":
+        (rows,) = kept
+        return get_body(rows, include=[i for i in include if i != "distances"])
+    if endpoint == "query":
+        return query_body(kept, include=include)
+    return search_body(kept, selects)
+
+
+def parse(endpoint: str, body: Body | bytes, fmt: ChromaFormat | None = None) -> ParsedBody:
+    raw = body if isinstance(body, bytes) else encode(body)
+    return (fmt or ChromaFormat()).parse(raw, route(endpoint))
+
+
+ROWS = [
+    row("c-1", "alpha", distance=0.1, group="a"),
+    row("c-2", "beta", distance=0.2, uri="s3://b"),
+    row("c-3", "gamma", distance=0.3, embedding=(0.5, 0.25), tags=["x", "y"]),
+    row("c-4", "delta", distance=0.4, n=7, ok=True),
+    row("c-5", "epsilon", distance=0.5),
+    row("c-6", "zeta", distance=0.6, f=1.5),
+]
+
+
+def batches_for(endpoint: str, rows: Sequence[Row] = ROWS) -> list[list[Row]]:
+    """Get has one list; query and search split the rows over two queries and add an empty one."""
+    if endpoint == "get":
+        return [list(rows)]
+    half = len(rows) // 2
+    return [list(rows[:half]), [], list(rows[half:])]
+
+
+# -- routes ------------------------------------------------------------------
+
+FILTERED = [
+    ("POST", f"{COLL}/query"),
+    ("POST", f"{COLL}/get"),
+    ("POST", f"{COLL}/search"),
+    ("post", f"{COLL}/query"),
+    ("POST", f"{V2}/tenants/acme/databases/prod/collections/my-docs/query"),
+    # The Python server routes these to the collection named "by-id".
+    ("POST", f"{DB}/collections/by-id/get"),
+]
+READ = [
+    ("GET", V2),
+    ("GET", f"{V2}/heartbeat"),
+    ("HEAD", f"{V2}/heartbeat"),
+    ("GET", f"{V2}/healthcheck"),
+    ("GET", f"{V2}/version"),
+    ("GET", f"{V2}/pre-flight-checks"),
+    ("GET", f"{V2}/auth/identity"),
+    ("GET", f"{V2}/tenants/default_tenant"),
+    ("GET", f"{V2}/tenants/default_tenant/databases"),
+    ("GET", DB),
+    ("GET", f"{DB}/collections"),
+    ("GET", f"{DB}/collections_count"),
+    ("GET", f"{DB}/collections/docs"),
+    ("GET", f"{DB}/collections/by-id/{COLLECTION_ID}"),
+    ("GET", f"{COLL}/count"),
+    ("GET", f"{COLL}/fork_count"),
+    ("GET", f"{COLL}/indexing_status"),
+    ("GET", f"{COLL}/functions/stats"),
+    ("GET", f"{V2}/collections/crn:acme:prod:docs"),
+    ("OPTIONS", f"{COLL}/query"),
+    ("OPTIONS", f"{DB}/collections"),
+]
+WRITE = [
+    ("POST", f"{V2}/reset"),
+    ("POST", f"{V2}/tenants"),
+    ("PATCH", f"{V2}/tenants/default_tenant"),
+    ("POST", f"{V2}/tenants/default_tenant/databases"),
+    ("DELETE", DB),
+    ("POST", f"{DB}/collections"),
+    ("PUT", f"{COLL}"),
+    ("DELETE", f"{DB}/collections/docs"),
+    ("POST", f"{COLL}/add"),
+    ("POST", f"{COLL}/update"),
+    ("POST", f"{COLL}/upsert"),
+    ("POST", f"{COLL}/delete"),
+    ("POST", f"{COLL}/fork"),
+    ("POST", f"{COLL}/functions/attach"),
+    ("POST", f"{COLL}/attached_functions/stats/detach"),
+]
+CONTENT = [
+    # Unknown to the adapter: a newer server's endpoint may return records.
+    ("POST", f"{COLL}/export"),
+    ("GET", f"{COLL}/records"),
+    ("GET", f"{COLL}/records/c-1"),
+    ("POST", f"{COLL}/get/extra"),
+    ("POST", f"{V2}/collections/crn:acme:prod:docs/query"),
+    # Known paths with methods the API does not have there.
+    ("GET", f"{COLL}/query"),
+    ("GET", f"{COLL}/get"),
+    ("DELETE", f"{COLL}/search"),
+    ("PATCH", f"{V2}/heartbeat"),
+    ("POST", f"{COLL}/count"),
+    ("OPTIONS", f"{V2}/unknown"),
+    # Paths the server does not route as written (404) are not guessed at.
+    ("POST", f"{COLL}/query/"),
+    ("GET", f"{V2}/heartbeat/"),
+    ("GET", f"{V2}/"),
+    ("POST", f"{DB}/collections//query"),
+    ("POST", f"{V2}/tenants//databases/d/collections/c/query"),
+    # The legacy API: gone (410) in chromadb 1.x, unfiltered records on older servers.
+    ("GET", "/api/v1"),
+    ("GET", "/api/v1/heartbeat"),
+    ("POST", f"/api/v1/collections/{COLLECTION_ID}/query"),
+    ("POST", f"/api/v1/collections/{COLLECTION_ID}/get"),
+    ("POST", "/api/v1/collections"),
+]
+OTHERS = [
+    ("POST", "/collections/docs/points/search"),  # Qdrant
+    ("POST", "/collections/docs/points/query"),
+    ("POST", "/query"),  # Pinecone
+    ("POST", "/records/namespaces/ns/search"),
+    ("POST", "/v1/graphql"),  # Weaviate
+    ("GET", "/v1/objects/Docs/123"),
+    ("POST", "/v2/vectordb/entities/search"),  # Milvus
+    ("POST", "/docs/_search"),  # Elasticsearch / OpenSearch
+    ("POST", "/api/v3/heartbeat"),
+    ("GET", "/api/v20/heartbeat"),
+    ("GET", "/api/v2x/heartbeat"),
+    ("GET", "/api/v1x"),
+    ("GET", "/API/V2/heartbeat"),
+    ("POST", f"/api{COLL.removeprefix(V2)}/query"),
+    ("POST", f"/v2{COLL.removeprefix(V2)}/query"),
+    ("POST", f"/chroma{COLL}/query"),
+    ("POST", f"api/v2{COLL.removeprefix(V2)}/query"),
+    ("GET", "/openapi.json"),
+    ("GET", "/docs"),
+    ("GET", "/"),
+    ("GET", ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kind"),
+    [
+        *((m, p, RouteKind.FILTERED) for m, p in FILTERED),
+        *((m, p, RouteKind.READ) for m, p in READ),
+        *((m, p, RouteKind.WRITE) for m, p in WRITE),
+        *((m, p, RouteKind.CONTENT) for m, p in CONTENT),
+        *((m, p, None) for m, p in OTHERS),
+    ],
+)
+def test_route_kind(method: str, path: str, kind: RouteKind | None) -> None:
+    assert ChromaFormat().route_kind(Route(method, path)) is kind
+
+
+def test_every_route_of_the_openapi_document_is_classified() -> None:
+    # Method and path template of each operation in chromadb 1.5's /openapi.json.
+    operations = {
+        ("GET", "/auth/identity"): RouteKind.READ,
+        ("GET", "/collections/{crn}"): RouteKind.READ,
+        ("GET", "/healthcheck"): RouteKind.READ,
+        ("GET", "/heartbeat"): RouteKind.READ,
+        ("GET", "/pre-flight-checks"): RouteKind.READ,
+        ("POST", "/reset"): RouteKind.WRITE,
+        ("POST", "/tenants"): RouteKind.WRITE,
+        ("GET", "/tenants/{t}"): RouteKind.READ,
+        ("PATCH", "/tenants/{t}"): RouteKind.WRITE,
+        ("GET", "/tenants/{t}/databases"): RouteKind.READ,
+        ("POST", "/tenants/{t}/databases"): RouteKind.WRITE,
+        ("GET", "/tenants/{t}/databases/{d}"): RouteKind.READ,
+        ("DELETE", "/tenants/{t}/databases/{d}"): RouteKind.WRITE,
+        ("GET", "/tenants/{t}/databases/{d}/collections"): RouteKind.READ,
+        ("POST", "/tenants/{t}/databases/{d}/collections"): RouteKind.WRITE,
+        ("GET", "/tenants/{t}/databases/{d}/collections/by-id/{c}"): RouteKind.READ,
+        ("GET", "/tenants/{t}/databases/{d}/collections/{c}"): RouteKind.READ,
+        ("PUT", "/tenants/{t}/databases/{d}/collections/{c}"): RouteKind.WRITE,
+        ("DELETE", "/tenants/{t}/databases/{d}/collections/{c}"): RouteKind.WRITE,
+        ("POST", "/tenants/{t}/databases/{d}/collections/{c}/add"): RouteKind.WRITE,
+        (
+            "POST",
+            "/tenants/{t}/databases/{d}/collections/{c}/attached_functions/{n}/detach",
+        ): RouteKind.WRITE,
+        ("GET", "/tenants/{t}/databases/{d}/collections/{c}/count"): RouteKind.READ,
+        ("POST", "/tenants/{t}/databases/{d}/collections/{c}/delete"): RouteKind.WRITE,
+        ("POST", "/tenants/{t}/databases/{d}/collections/{c}/fork"): RouteKind.WRITE,
+        ("GET", "/tenants/{t}/databases/{d}/collections/{c}/fork_count"): RouteKind.READ,
+        ("POST", "/tenants/{t}/databases/{d}/collections/{c}/functions/attach"): RouteKind.WRITE,
+        ("GET", "/tenants/{t}/databases/{d}/collections/{c}/functions/{f}"): RouteKind.READ,
+        ("POST", "/tenants/{t}/databases/{d}/collections/{c}/get"): RouteKind.FILTERED,
+        ("GET", "/tenants/{t}/databases/{d}/collections/{c}/indexing_status"): RouteKind.READ,
+        ("POST", "/tenants/{t}/databases/{d}/collections/{c}/query"): RouteKind.FILTERED,
+        ("POST", "/tenants/{t}/databases/{d}/collections/{c}/search"): RouteKind.FILTERED,
+        ("POST", "/tenants/{t}/databases/{d}/collections/{c}/update"): RouteKind.WRITE,
+        ("POST", "/tenants/{t}/databases/{d}/collections/{c}/upsert"): RouteKind.WRITE,
+        ("GET", "/tenants/{t}/databases/{d}/collections_count"): RouteKind.READ,
+        ("GET", "/version"): RouteKind.READ,
+    }
+    names = {"{t}": "acme", "{d}": "prod", "{c}": COLLECTION_ID, "{n}": "fn", "{f}": "fn"}
+    names["{crn}"] = "acme:prod:docs"
+    for (method, template), kind in operations.items():
+        path = V2 + template
+        for placeholder, value in names.items():
+            path = path.replace(placeholder, value)
+        assert ChromaFormat().route_kind(Route(method, path)) is kind, (method, template)
+
+
+def test_name() -> None:
+    assert ChromaFormat().name == "chroma"
+
+
+def test_does_not_claim_qdrant_routes_and_qdrant_does_not_claim_chroma_routes() -> None:
+    formats: list[ResponseFormat] = [QdrantFormat(), ChromaFormat()]
+    found = classify(route("query"), formats)
+    assert found is not None and found[0].name == "chroma"
+    found = classify(Route("POST", "/collections/docs/points/search"), formats[::-1])
+    assert found is not None and found[0].name == "qdrant"
+
+
+@pytest.mark.parametrize(("method", "path"), [*READ[:3], *WRITE[:3], *CONTENT[:3], *OTHERS[:3]])
+def test_parse_refuses_routes_it_does_not_filter(method: str, path: str) -> None:
+    with pytest.raises(ValueError, match="not filtered"):
+        ChromaFormat().parse(encode(get_body(ROWS)), Route(method, path))
+
+
+# -- options ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "option"),
+    [
+        ({"text_field": ""}, "text_field"),
+        ({"text_field": None}, "text_field"),
+        ({"id_field": ""}, "id_field"),
+        ({"id_field": 3}, "id_field"),
+    ],
+)
+def test_invalid_options_name_the_option(options: dict[str, Any], option: str) -> None:
+    with pytest.raises(ValueError, match=option):
+        ChromaFormat(**options)
+
+
+def test_text_is_the_document_whatever_text_field_says() -> None:
+    body = get_body([row("c-1", "the document", text="a metadata field")])
+    (candidate,) = parse("get", body, ChromaFormat(text_field="text")).candidates
+    assert candidate.text == "the document"
+
+
+# -- candidates ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_candidates_number_hits_across_queries_in_body_order(endpoint: str) -> None:
+    parsed = parse(endpoint, build(endpoint, batches_for(endpoint)))
+    assert list(parsed.candidates) == [
+        Candidate(i, r["id"], r["document"]) for i, r in enumerate(ROWS)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("record", "chunk_id", "text", "problem"),
+    [
+        (row("c-1", ""), "c-1", "", None),
+        (row("c-1", None), "c-1", None, "document missing"),
+        (row("c-1", 12), "c-1", None, "document is not a string"),
+        (row("c-1", ["SECRET"]), "c-1", None, "document is not a string"),
+        (row("", "t"), None, "t", "id is empty"),
+        (row(None, "t"), None, "t", "id missing"),
+        (row(True, "t"), None, "t", "id is not a string or integer"),
+        (row({"SECRET": 1}, None), None, None, "id is not a string or integer; document missing"),
+    ],
+)
+def test_candidate_from_record_id(
+    record: Row, chunk_id: str | None, text: str | None, problem: str | None
+) -> None:
+    for endpoint in ENDPOINTS:
+        parsed = parse(endpoint, build(endpoint, [[record]]))
+        assert parsed.candidates == (Candidate(0, chunk_id, text, problem),), endpoint
+
+
+@pytest.mark.parametrize(
+    ("metadata", "chunk_id", "problem"),
+    [
+        ({"doc_chunk": "sop-1"}, "sop-1", None),
+        ({"doc_chunk": 12}, "12", None),
+        ({"other": "x"}, None, "metadata field 'doc_chunk' missing"),
+        ({"doc_chunk": None}, None, "metadata field 'doc_chunk' missing"),
+        ({"doc_chunk": ""}, None, "metadata field 'doc_chunk' is empty"),
+        ({"doc_chunk": False}, None, "metadata field 'doc_chunk' is not a string or integer"),
+        ({"doc_chunk": ["SECRET"]}, None, "metadata field 'doc_chunk' is not a string or integer"),
+        (None, None, "metadata missing"),
+    ],
+)
+def test_candidate_from_metadata_id_field(
+    metadata: dict[str, Any] | None, chunk_id: str | None, problem: str | None
+) -> None:
+    fmt = ChromaFormat(id_field="doc_chunk")
+    for endpoint in ENDPOINTS:
+        record = {**row("record-9", "text"), "metadata": metadata}
+        parsed = parse(endpoint, build(endpoint, [[record]]), fmt)
+        assert parsed.candidates == (Candidate(0, chunk_id, "text", problem),), endpoint
+
+
+@pytest.mark.parametrize("endpoint", ["query", "get"])
+def test_without_documents_every_hit_has_a_problem(endpoint: str) -> None:
+    body = build(endpoint, batches_for(endpoint), include=["metadatas", "distances"])
+    parsed = parse(endpoint, body)
+    assert [(c.chunk_id, c.text, c.problem) for c in parsed.candidates] == [
+        (r["id"], None, "no documents") for r in ROWS
+    ]
+
+
+def test_id_field_without_metadatas_is_a_problem() -> None:
+    body = build("query", batches_for("query"), include=["documents"])
+    (first, *_) = parse("query", body, ChromaFormat(id_field="chunk")).candidates
+    assert first == Candidate(0, None, "alpha", "no metadatas")
+
+
+def test_search_without_document_selected_has_a_problem_per_hit() -> None:
+    selects = [["#document", "#score"], ["#score"], ["#metadata"]]
+    body = search_body(batches_for("search"), selects)
+    parsed = parse("search", body)
+    assert [c.problem for c in parsed.candidates] == [None] * 3 + ["no documents"] * 3
+    assert orjson.loads(parsed.render(range(6))) == body
+
+
+def test_null_inner_list_means_that_query_lacks_the_column() -> None:
+    body = {**query_body([ROWS[:1], ROWS[1:2]]), "documents": [None, ["beta"]]}
+    parsed = parse("query", body)
+    assert [c.problem for c in parsed.candidates] == ["no documents", None]
+    assert orjson.loads(parsed.render({0}))["documents"] == [None, []]
+
+
+def test_problems_never_contain_body_values() -> None:
+    body = get_body([row(["SECRET-ID"], {"SECRET": "TEXT"})])
+    (candidate,) = parse("get", body).candidates
+    assert candidate.problem is not None
+    assert "SECRET" not in candidate.problem
+
+
+# -- filtering ----------------------------------------------------------------
+
+KEEPS = [set(), {0}, {1, 4}, {0, 2, 3, 5}, set(range(6)), {5, 99, -1}]
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+@pytest.mark.parametrize("keep", KEEPS)
+def test_render_keeps_exactly_the_kept_hits_in_every_column(endpoint: str, keep: set[int]) -> None:
+    batches = batches_for(endpoint)
+    out = validate(endpoint, parse(endpoint, build(endpoint, batches)).render(keep))
+    assert out == build(endpoint, batches, keep)
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_render_all_is_the_original_body_byte_for_byte(endpoint: str) -> None:
+    body = build(endpoint, batches_for(endpoint))
+    assert parse(endpoint, body).render(range(len(ROWS))) == encode(body)
+
+
+def test_render_keeps_each_id_with_its_own_cells() -> None:
+    out = orjson.loads(parse("query", build("query", batches_for("query"))).render({1, 3, 5}))
+    assert out["ids"] == [["c-2"], [], ["c-4", "c-6"]]
+    for q, ids in enumerate(out["ids"]):
+        for i, chunk_id in enumerate(ids):
+            original = next(r for r in ROWS if r["id"] == chunk_id)
+            assert out["documents"][q][i] == original["document"]
+            assert out["metadatas"][q][i] == original["metadata"]
+            assert out["metadatas"][q][i]["chunk"] == chunk_id
+            assert out["distances"][q][i] == original["distance"]
+            assert out["embeddings"][q][i] == original["embedding"]
+            assert out["uris"][q][i] == original["uri"]
+
+
+@pytest.mark.parametrize("endpoint", ["query", "get"])
+def test_render_leaves_null_columns_and_include_alone(endpoint: str) -> None:
+    body = build(endpoint, batches_for(endpoint), include=["documents"])
+    out = validate(endpoint, parse(endpoint, body).render({2}))
+    assert out == build(endpoint, batches_for(endpoint), {2}, include=["documents"])
+    assert out["metadatas"] is None and out["embeddings"] is None
+    assert out["include"] == ["documents"]
+
+
+def test_render_preserves_unknown_scalars_and_key_order() -> None:
+    body = {"x-first": 1, **get_body(ROWS[:2]), "legacy": None, "note": "kept"}
+    out = ChromaFormat().parse(encode(body), route("get")).render({1})
+    assert out == encode({**body, **get_body(ROWS[1:2])})
+    assert list(orjson.loads(out)) == list(body)
+
+
+def test_legacy_python_server_body_with_included_and_data() -> None:
+    # The Python server writes the client's QueryResult: "data" and "included".
+    body = {**query_body([ROWS[:3]]), "data": None, "included": ["documents"]}
+    del body["include"]
+    out = orjson.loads(parse("query", body).render({0, 2}))
+    assert out["ids"] == [["c-1", "c-3"]] and out["data"] is None
+    assert out["included"] == ["documents"]
+    body["data"] = [["d1", "d2", "d3"]]
+    assert orjson.loads(parse("query", body).render({1}))["data"] == [["d2"]]
+
+
+def test_render_never_mutates_and_can_run_again() -> None:
+    body = build("search", batches_for("search"))
+    raw = encode(body)
+    parsed = parse("search", raw)
+    replacements = {0: Replacement("c-new", "new text")}
+    first = parsed.render({0, 3}, replacements=replacements)
+    assert orjson.loads(parsed.render(set())) == build("search", batches_for("search"), set())
+    assert parsed.render({0, 3}, replacements=replacements) == first
+    assert parsed.render(range(6)) == raw
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_released_positions(endpoint: str) -> None:
+    parsed = parse(endpoint, build(endpoint, batches_for(endpoint)))
+    assert parsed.released_positions({5, 1, 3, 42}) == [1, 3, 5]
+    assert parsed.released_positions(set(), ()) == []
+
+
+@pytest.mark.parametrize("limits", [[3], (None,), (1, 2)])
+def test_limits_are_refused(limits: Sequence[int | None]) -> None:
+    parsed = parse("query", build("query", batches_for("query")))
+    with pytest.raises(MalformedBody):
+        parsed.render(range(6), limits)
+    with pytest.raises(MalformedBody):
+        parsed.released_positions(range(6), limits)
+
+
+@pytest.mark.parametrize("limits", [None, ()])
+def test_no_limits_trim_nothing(limits: Sequence[int | None] | None) -> None:
+    body = build("get", batches_for("get"))
+    assert parse("get", body).render(range(6), limits) == encode(body)
+
+
+# -- substitutes -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_replacement_takes_id_and_document_and_marks_metadata(endpoint: str) -> None:
+    batches = batches_for(endpoint)
+    parsed = parse(endpoint, build(endpoint, batches))
+    out = validate(
+        endpoint, parsed.render({1, 2, 4}, replacements={4: Replacement("c-5b", "epsilon v2")})
+    )
+    new = {
+        **ROWS[4],
+        "id": "c-5b",
+        "document": "epsilon v2",
+        "metadata": {**ROWS[4]["metadata"], SUBSTITUTED_FOR: "c-5"},
+    }
+    substituted = [[new if r is ROWS[4] else r for r in batch] for batch in batches]
+    assert out == build(endpoint, substituted, {1, 2, 4})
+
+
+def test_replacement_creates_metadata_for_a_null_entry() -> None:
+    record = {**row("c-1", "old"), "metadata": None}
+    out = orjson.loads(
+        parse("get", get_body([record])).render({0}, replacements={0: Replacement("c-2", "new")})
+    )
+    assert out["ids"] == ["c-2"] and out["documents"] == ["new"]
+    assert out["metadatas"] == [{SUBSTITUTED_FOR: "c-1"}]
+
+
+def test_replacement_without_metadatas_leaves_them_null() -> None:
+    body = get_body(ROWS[:2], include=["documents"])
+    out = orjson.loads(parse("get", body).render({0, 1}, replacements={0: Replacement("n", "t")}))
+    assert out["ids"] == ["n", "c-2"] and out["documents"] == ["t", "beta"]
+    assert out["metadatas"] is None
+
+
+def test_replacement_with_id_field_rewrites_the_metadata_field_not_the_record_id() -> None:
+    records = [row("r-1", "old", doc_chunk="sop-1"), row("r-2", "other", doc_chunk="sop-2")]
+    fmt = ChromaFormat(id_field="doc_chunk")
+    parsed = parse("query", query_body([records]), fmt)
+    out = validate("query", parsed.render({0}, replacements={0: Replacement("sop-1b", "new")}))
+    assert out["ids"] == [["r-1"]]
+    assert out["documents"] == [["new"]]
+    assert out["metadatas"] == [[{"chunk": "r-1", "doc_chunk": "sop-1b", SUBSTITUTED_FOR: "sop-1"}]]
+
+
+def test_replacement_of_a_hit_that_is_not_kept_is_ignored() -> None:
+    body = build("get", batches_for("get"))
+    out = parse("get", body).render({0}, replacements={3: Replacement("x", "y")})
+    assert orjson.loads(out) == build("get", batches_for("get"), {0})
+
+
+# -- malformed bodies ---------------------------------------------------------
+
+
+def _query(**columns: Any) -> bytes:
+    return orjson.dumps({"ids": [["a", "b"]], "include": [], **columns})
+
+
+def _get(**columns: Any) -> bytes:
+    return orjson.dumps({"ids": ["a", "b"], "include": [], **columns})
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body"),
+    [
+        ("query", b""),
+        ("query", b"{not json"),
+        ("query", b'{"ids": [], "include": ["\xff"]}'),
+        ("query", b"[" * 2000),
+        ("query", b"[]"),
+        ("query", b"null"),
+        ("query", b'"SECRET"'),
+        ("query", b"{}"),
+        ("query", b'{"ids": null}'),
+        ("query", b'{"ids": "SECRET"}'),
+        ("query", b'{"ids": ["SECRET"]}'),
+        ("query", b'{"ids": [["a"], null]}'),
+        ("query", _query(documents=[["SECRET"]])),
+        ("query", _query(documents=[["x", "y"], ["z"]])),
+        ("query", _query(documents=["x", "y"])),
+        ("query", _query(documents="SECRET")),
+        ("query", _query(documents={"0": ["x", "y"]})),
+        ("query", _query(metadatas=[["SECRET", None]])),
+        ("query", _query(metadatas=[[[], None]])),
+        ("query", _query(distances=[[0.1]])),
+        ("query", _query(embeddings=[[[0.1]], [[0.2]]])),
+        ("query", _query(uris=[["u", "v", "w"]])),
+        ("query", _query(scores=[[1]])),
+        ("query", _query(data=[["SECRET"]])),
+        ("query", _query(unknown_column=[["SECRET", "SECRET"]])),
+        ("query", _query(stats={"SECRET": 1})),
+        ("get", b'{"ids": {"SECRET": 1}}'),
+        ("get", _get(documents=["SECRET"])),
+        ("get", _get(documents=[None])),
+        ("get", _get(metadatas=[{"k": 1}, 5])),
+        ("get", _get(embeddings={"SECRET": 1})),
+        ("get", _get(future=["SECRET", "SECRET"])),
+        ("search", b'{"ids": ["a"]}'),
+        ("search", orjson.dumps({"ids": [["a"]], "documents": [None, None], "select": [[]]})),
+        ("search", orjson.dumps({"ids": [["a"]], "metadatas": [["SECRET"]], "select": [[]]})),
+        ("search", orjson.dumps({"ids": [["a"]], "scores": [[0.1, 0.2]], "select": [[]]})),
+    ],
+)
+def test_malformed_bodies(endpoint: str, body: bytes) -> None:
+    with pytest.raises(MalformedBody) as raised:
+        ChromaFormat().parse(body, route(endpoint))
+    assert "SECRET" not in str(raised.value)
+    assert raised.value.__cause__ is None
+    assert raised.value.__context__ is None
+
+
+def test_unexpected_errors_become_malformed_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object) -> object:
+        raise KeyError("SECRET")
+
+    monkeypatch.setattr("sidecar.formats.chroma._columns", broken)
+    with pytest.raises(MalformedBody) as raised:
+        parse("get", build("get", batches_for("get")))
+    assert raised.value.__context__ is None
+    assert "SECRET" not in str(raised.value)
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_empty_results_are_valid(endpoint: str) -> None:
+    batches: list[list[Row]] = [[]] if endpoint == "get" else [[], []]
+    body = build(endpoint, batches)
+    parsed = parse(endpoint, body)
+    assert parsed.candidates == ()
+    assert validate(endpoint, parsed.render(set())) == body
+    no_queries = parse(endpoint, build(endpoint, [] if endpoint != "get" else [[]]))
+    assert no_queries.candidates == ()
+
+
+# -- properties ---------------------------------------------------------------
+
+_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+_scalar = (
+    st.booleans()
+    | st.integers(min_value=-(2**53), max_value=2**53)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6)
+)
+_json = st.recursive(
+    st.none() | _scalar,
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
+    max_leaves=10,
+)
+_finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
+
+
+@st.composite
+def _row(draw: st.DrawFn, chunk_id: str) -> Row:
+    record = row(
+        chunk_id,
+        draw(st.none() | st.text(max_size=12)),
+        distance=draw(st.none() | _finite),
+        embedding=draw(st.lists(_finite, min_size=2, max_size=2)),
+        uri=draw(st.none() | st.text(max_size=6)),
+        **draw(st.dictionaries(st.text(min_size=1, max_size=5), _scalar, max_size=3)),
+    )
+    if draw(st.booleans()):
+        # Null metadata for some records (Chroma stores records without any).
+        record["metadata"] = draw(st.none() | st.just(record["metadata"]))
+    return record
+
+
+@st.composite
+def _batches(draw: st.DrawFn, endpoint: str) -> list[list[Row]]:
+    count = 1 if endpoint == "get" else draw(st.integers(min_value=0, max_value=3))
+    batches = []
+    for _ in range(count):
+        ids = draw(st.lists(st.text(min_size=1, max_size=6), max_size=5, unique=True))
+        batches.append([draw(_row(chunk_id)) for chunk_id in ids])
+    return batches
+
+
+def _layout(draw: st.DrawFn, batches: list[list[Row]]) -> tuple[list[str], list[list[str]]]:
+    include = draw(st.lists(st.sampled_from(ALL_INCLUDE), unique=True))
+    selects = [
+        draw(st.lists(st.sampled_from([*ALL_SELECT, "chunk"]), unique=True)) for _ in batches
+    ]
+    return include, selects
+
+
+@_SETTINGS
+@given(endpoint=st.sampled_from(ENDPOINTS), data=st.data())
+def test_property_render_keeps_exactly_the_kept_hits(endpoint: str, data: st.DataObject) -> None:
+    batches = data.draw(_batches(endpoint))
+    include, selects = _layout(data.draw, batches)
+    body = build(endpoint, batches, include=include, selects=selects)
+    parsed = parse(endpoint, body)
+    hits = [r for batch in batches for r in batch]
+    assert [c.chunk_id for c in parsed.candidates] == [r["id"] for r in hits]
+    keep = data.draw(st.sets(st.integers(min_value=-1, max_value=len(hits))))
+    out = validate(endpoint, parsed.render(keep))
+    assert out == build(endpoint, batches, keep, include=include, selects=selects)
+    assert parsed.released_positions(keep) == sorted(k for k in keep if 0 <= k < len(hits))
+
+
+@_SETTINGS
+@given(endpoint=st.sampled_from(ENDPOINTS), data=st.data())
+def test_property_replacements_change_only_id_document_and_metadata_marker(
+    endpoint: str, data: st.DataObject
+) -> None:
+    batches = data.draw(_batches(endpoint))
+    body = build(endpoint, batches)
+    parsed = parse(endpoint, body)
+    positions = range(len(parsed.candidates))
+    keep = data.draw(st.sets(st.sampled_from(positions))) if positions else set()
+    replaced = data.draw(st.sets(st.sampled_from(sorted(keep)))) if keep else set()
+    replacements = {p: Replacement(f"new-{p}", f"text {p}") for p in replaced}
+    out = validate(endpoint, parsed.render(keep, replacements=replacements))
+
+    expected: list[list[Row]] = []
+    position = 0
+    for batch in batches:
+        expected.append([])
+        for record in batch:
+            if position in replacements:
+                metadata = {**(record["metadata"] or {}), SUBSTITUTED_FOR: record["id"]}
+                record = {
+                    **record,
+                    "id": f"new-{position}",
+                    "document": f"text {position}",
+                    "metadata": metadata,
+                }
+            expected[-1].append(record)
+            position += 1
+    assert out == build(endpoint, expected, keep)
+
+
+def _mutations(endpoint: str) -> st.SearchStrategy[bytes]:
+    keys = ["ids", "documents", "metadatas", "embeddings", "distances", "uris", "scores", "x"]
+
+    @st.composite
+    def mutate(draw: st.DrawFn) -> bytes:
+        body = build(endpoint, draw(_batches(endpoint)))
+        key = draw(st.sampled_from(keys))
+        how = draw(st.sampled_from(["replace", "drop", "append", "cell", "delete"]))
+        value = body.get(key)
+        if how == "replace" or not isinstance(value, list):
+            body[key] = draw(_json)
+        elif how == "delete":
+            del body[key]
+        elif value and how in ("drop", "append", "cell"):
+            index = draw(st.integers(min_value=0, max_value=len(value) - 1))
+            inner = value[index]
+            target = inner if isinstance(inner, list) and inner and endpoint != "get" else value
+            at = draw(st.integers(min_value=0, max_value=len(target) - 1))
+            if how == "drop":
+                del target[at]
+            elif how == "append":
+                target.append(draw(_json))
+            else:
+                target[at] = draw(_json)
+        return encode(body)
+
+    return mutate()
+
+
+def _parses_or_is_malformed(endpoint: str, body: bytes, data: st.DataObject) -> None:
+    fmt = ChromaFormat(id_field="chunk") if data.draw(st.booleans()) else ChromaFormat()
+    try:
+        parsed = fmt.parse(body, route(endpoint))
+    except MalformedBody:
+        return
+    count = len(parsed.candidates)
+    keep = data.draw(st.sets(st.integers(min_value=0, max_value=max(count - 1, 0))))
+    kept = [c for c in parsed.candidates if c.position in keep]
+    replacements = {c.position: Replacement("r", "t") for c in kept if data.draw(st.booleans())}
+    out = parsed.render(keep, replacements=replacements)
+    # What is released parses again, with exactly the kept hits, columns aligned.
+    again = fmt.parse(out, route(endpoint))
+    assert len(again.candidates) == len(kept)
+    for before, after in zip(kept, again.candidates, strict=True):
+        if before.position not in replacements:
+            assert (after.chunk_id, after.text) == (before.chunk_id, before.text)
+
+
+@_SETTINGS
+@given(endpoint=st.sampled_from(ENDPOINTS), body=st.binary(max_size=64), data=st.data())
+def test_property_any_bytes_parse_or_are_malformed(
+    endpoint: str, body: bytes, data: st.DataObject
+) -> None:
+    _parses_or_is_malformed(endpoint, body, data)
+
+
+@_SETTINGS
+@given(endpoint=st.sampled_from(ENDPOINTS), value=_json, data=st.data())
+def test_property_any_json_parses_or_is_malformed(
+    endpoint: str, value: Any, data: st.DataObject
+) -> None:
+    wrapped = data.draw(st.sampled_from([value, {"ids": value}, {"ids": [[]], "documents": value}]))
+    _parses_or_is_malformed(endpoint, orjson.dumps(wrapped), data)
+
+
+@_SETTINGS
+@given(endpoint=st.sampled_from(ENDPOINTS), data=st.data())
+def test_property_mutated_bodies_parse_or_are_malformed(endpoint: str, data: st.DataObject) -> None:
+    _parses_or_is_malformed(endpoint, data.draw(_mutations(endpoint)), data)
