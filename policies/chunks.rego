@@ -7,6 +7,14 @@ package retrieval_gate.chunks
 
 import rego.v1
 
+# Declares that each chunk's reasons depend only on that chunk's record, the
+# caller and the policy (sources and data), and on input.now_ns only through
+# the validity checks below (now_ns against effective_at_ns and expires_at_ns).
+# The gate may then cache a chunk's reasons per (caller, record, policy
+# version) until the record's next validity boundary; see policies/README.md,
+# "Verdict cache". Remove this line before adding a check that breaks it.
+time_pure := true
+
 # Every check is a positive proof: a chunk passes a check only when its fields
 # prove that it does. An absent, null or mistyped field proves nothing, so the
 # check fails. A check written as a test for failure (`c.status != "approved"`)

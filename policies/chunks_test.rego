@@ -289,3 +289,45 @@ test_batch_with_drafts_allowed if {
 test_empty_batch if chunks.reasons == {} with input as {"caller": caller, "now_ns": now, "chunks": []}
 
 test_missing_chunks if chunks.reasons == {} with input as {"caller": caller, "now_ns": now}
+
+# Time purity: the verdict cache relies on `time_pure` (policies/README.md,
+# "Verdict cache"). A chunk's reasons may change only where now_ns crosses
+# effective_at_ns or expires_at_ns, and never depend on the rest of the batch.
+
+test_declares_itself_time_pure if chunks.time_pure == true
+
+windowed := object.union(good, {"effective_at_ns": now, "expires_at_ns": now + 1000})
+
+reasons_at(t) := reasons if {
+	reasons := chunks.reasons.c1 with input as {"caller": caller, "now_ns": t, "chunks": [windowed]}
+}
+
+test_reasons_are_constant_before_effective_at if {
+	reasons_at(0) == ["NOT_YET_EFFECTIVE"]
+	reasons_at(now - 1) == ["NOT_YET_EFFECTIVE"]
+}
+
+test_reasons_are_constant_inside_the_validity_interval if {
+	reasons_at(now) == []
+	reasons_at(now + 500) == []
+	reasons_at(now + 999) == []
+}
+
+test_reasons_are_constant_from_expires_at_on if {
+	reasons_at(now + 1000) == ["EXPIRED"]
+	reasons_at(now * 2) == ["EXPIRED"]
+}
+
+test_reasons_do_not_depend_on_the_batch if {
+	alone := reasons_for(object.union(good, {"status": "draft"}))
+	in_batch := chunks.reasons.c1 with input as {
+		"caller": caller,
+		"now_ns": now,
+		"chunks": [
+			object.union(good, {"status": "draft"}),
+			object.union(good, {"id": "c2", "tenant_id": "globex"}),
+			object.union(good, {"id": "c3", "expires_at_ns": now}),
+		],
+	}
+	alone == in_batch
+}

@@ -48,33 +48,26 @@ passed contains "COLLECTION_FORBIDDEN" if {
 # Routes. The gate filters what searches return, so by default a caller may
 # use only routes whose responses the gate filters ("filtered") or that return
 # no chunk content ("read"). The format adapters classify the routes they know
-# (input.route_kind); a route no adapter knows (null) is a read for GET and
-# HEAD and a write otherwise. Writes (they could touch another tenant's
-# chunks) and routes that return chunk content the gate cannot filter
-# ("content": snapshots, exports, document fetches by id) are refused unless
-# policy data opts in:
-#   data.retrieval_gate.routes = {"allow_writes": true, "allow_unfiltered_content": true}
-route_kind := input.route_kind if input.route_kind in {"filtered", "read", "content", "write"}
-
-route_kind := "read" if {
-	input.route_kind == null
-	input.method in {"GET", "HEAD"}
-}
-
-route_kind := "write" if {
-	input.route_kind == null
-	is_string(input.method)
-	not input.method in {"GET", "HEAD"}
-}
-
-passed contains "ROUTE_FORBIDDEN" if route_kind in {"filtered", "read"}
+# (input.route_kind). Writes (they could touch another tenant's chunks),
+# routes that return chunk content the gate cannot filter ("content":
+# snapshots, exports, counts, document fetches by id) and routes no adapter
+# knows (null: an unknown route of the database may return anything) are
+# refused unless policy data opts in:
+#   data.retrieval_gate.routes = {
+#     "allow_writes": true, "allow_unfiltered_content": true, "allow_unknown": true}
+passed contains "ROUTE_FORBIDDEN" if input.route_kind in {"filtered", "read"}
 
 passed contains "ROUTE_FORBIDDEN" if {
-	route_kind == "write"
+	input.route_kind == "write"
 	data.retrieval_gate.routes.allow_writes == true
 }
 
 passed contains "ROUTE_FORBIDDEN" if {
-	route_kind == "content"
+	input.route_kind == "content"
 	data.retrieval_gate.routes.allow_unfiltered_content == true
+}
+
+passed contains "ROUTE_FORBIDDEN" if {
+	input.route_kind == null
+	data.retrieval_gate.routes.allow_unknown == true
 }

@@ -42,7 +42,7 @@ test_undescribed_collection_is_allowed if {
 }
 
 test_route_without_collection_is_allowed if {
-	denials_with({"collection": null, "method": "GET", "path": "/", "route_kind": null}, owned) == []
+	denials_with({"collection": null, "method": "GET", "path": "/", "route_kind": "read"}, owned) == []
 }
 
 test_without_data_everything_is_allowed if {
@@ -162,12 +162,17 @@ test_writes_and_unfiltered_content_are_refused_by_default if {
 	route("GET", "content") == ["ROUTE_FORBIDDEN"]
 }
 
-test_unknown_routes_are_reads_for_get_and_head_only if {
-	route("GET", null) == []
-	route("HEAD", null) == []
+test_unknown_routes_are_refused_by_default if {
+	route("GET", null) == ["ROUTE_FORBIDDEN"]
+	route("HEAD", null) == ["ROUTE_FORBIDDEN"]
 	route("POST", null) == ["ROUTE_FORBIDDEN"]
-	route("PUT", null) == ["ROUTE_FORBIDDEN"]
-	route("get", null) == ["ROUTE_FORBIDDEN"]
+}
+
+test_unknown_routes_allowed_by_data_only if {
+	route_with(null, {"allow_unknown": true}) == []
+	route_with(null, {"allow_writes": true}) == ["ROUTE_FORBIDDEN"]
+	route_with("write", {"allow_unknown": true}) == ["ROUTE_FORBIDDEN"]
+	route_with(null, {"allow_unknown": "yes"}) == ["ROUTE_FORBIDDEN"]
 }
 
 test_missing_or_mistyped_kind_is_refused if {
@@ -177,14 +182,8 @@ test_missing_or_mistyped_kind_is_refused if {
 	route("GET", ["read"]) == ["ROUTE_FORBIDDEN"]
 }
 
-test_unknown_route_without_method_is_refused if {
-	request.denials == ["ROUTE_FORBIDDEN"] with input as object.remove(search, ["method", "route_kind"])
-		with data.retrieval_gate.routes as {"allow_writes": true}
-}
-
 test_writes_allowed_by_data if {
 	route_with("write", {"allow_writes": true}) == []
-	route_with(null, {"allow_writes": true}) == []
 }
 
 test_allow_writes_does_not_open_unfiltered_content if {

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import orjson
+
 from sidecar.formats import Route, RouteKind
 from sidecar.identity import AuthRequest, Caller, IdentityError, IdentityProvider
 from sidecar.policy.engine import PolicyError
@@ -66,6 +68,13 @@ class AccessDenied(Exception):
         self.status = status
         self.code = code
         self.reasons = reasons
+
+    def body(self) -> bytes:
+        """The JSON error body the client gets: the code, and the policy's reasons if any."""
+        document: dict[str, object] = {"error": self.code}
+        if self.reasons:
+            document["reasons"] = list(self.reasons)
+        return orjson.dumps(document)
 
 
 @dataclass(frozen=True, slots=True)

@@ -195,9 +195,11 @@ class JsonlAuditSink:
         with self._lock:
             seq = self._seq + 1
             chained = {**record, "seq": seq, "prev_sha256": self._prev}
-            digest = record_digest(chained)
-            line = _canonical({**chained, "sha256": digest})
-            data = line + b"\n"
+            chained.pop("sha256", None)
+            # record_digest(chained), without copying the record once more.
+            digest = hashlib.sha256(_canonical(chained)).hexdigest()
+            chained["sha256"] = digest
+            data = _canonical(chained) + b"\n"
             start = self._file.tell()
             try:
                 # Unbuffered writes: a crash loses at most the record being

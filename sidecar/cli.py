@@ -16,8 +16,9 @@ from sidecar.config import ConfigError, IdentityMode, Mode, Settings, load_setti
 from sidecar.envoy.bootstrap import Upstream
 from sidecar.envoy.process import EnvoyError
 from sidecar.metadata.store import StoreUnavailable
-from sidecar.server import Sidecar, SidecarServer, split_host_port
+from sidecar.server import serve_until_signalled, split_host_port
 from sidecar.store_commands import add_store_parsers
+from sidecar.workers import WorkerPool
 
 log = logging.getLogger("retrieval_gate")
 
@@ -52,6 +53,7 @@ _SETTING_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         },
     ),
     ("--message-timeout-ms", {"type": int, "help": "Envoy's wait per message (2000)"}),
+    ("--workers", {"type": int, "help": "sidecar processes, e.g. one per core (1)"}),
 )
 
 
@@ -71,19 +73,31 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args, grpc_listen=args.grpc_listen)
+    if settings.workers == 1:
+        asyncio.run(serve_until_signalled(settings))
+        return 0
+    return asyncio.run(_serve_workers(settings))
 
-    async def run() -> None:
-        server = SidecarServer(Sidecar.from_settings(settings))
-        await server.start()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        await stop.wait()
-        await server.stop()
 
-    asyncio.run(run())
-    return 0
+async def _serve_workers(settings: Settings) -> int:
+    pool = WorkerPool(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await pool.start()
+        stopped = asyncio.ensure_future(stop.wait())
+        exited = asyncio.ensure_future(pool.wait())
+        done, pending = await asyncio.wait({stopped, exited}, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        if exited in done:
+            log.error("a worker exited with code %s; stopping", exited.result())
+            return 1
+        return 0
+    finally:
+        await pool.stop()
 
 
 def _cmd_proxy(args: argparse.Namespace) -> int:

@@ -93,6 +93,8 @@ class Settings:
     # Format adapters' options by format name (README, "Formats"); a name that
     # is not built in defines a generic adapter.
     formats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Policy verdicts remembered per (caller, record) for a time-pure policy; 0: off.
+    verdict_cache_size: int = 20_000
     cache_ttl_seconds: float = 30.0
     cache_size: int = 100_000
     negative_cache_ttl_seconds: float = 5.0
@@ -104,6 +106,9 @@ class Settings:
     # gRPC message limits are derived from it; a larger body is an error.
     max_body_bytes: int = 4 * 1024 * 1024
     grpc_listen: str = "127.0.0.1:9001"
+    # Sidecar processes; with N > 1 each listens on its own address
+    # (sidecar.workers.worker_addresses) and Envoy balances across them.
+    workers: int = 1
     metrics: str | None = None  # host:port for /metrics; None disables
     audit_log: Path | None = None
     # PostgreSQL URL for the durable audit trail; audit_log is then the local spool.
@@ -139,18 +144,16 @@ class Settings:
 
 
 _POSITIVE_INTS = (
+    "workers",
     "cache_size",
     "negative_cache_size",
     "max_body_bytes",
     "message_timeout_ms",
     "overfetch_cap",
 )
-_NON_NEGATIVE_FLOATS = (
-    "cache_ttl_seconds",
-    "negative_cache_ttl_seconds",
-    "jwt_leeway_seconds",
-    "stale_if_error_seconds",
-)
+# A zero TTL would make the cache unusable, not off: a fresh entry must live a while.
+_POSITIVE_FLOATS = ("cache_ttl_seconds", "negative_cache_ttl_seconds")
+_NON_NEGATIVE_FLOATS = ("jwt_leeway_seconds", "stale_if_error_seconds")
 _PATHS = ("policy_dir", "policy_data", "audit_log", "jwt_public_key", "jwt_hmac_secret_file")
 
 
@@ -215,11 +218,19 @@ def _convert(name: str, value: Any) -> Any:
             if not isinstance(value, bool):
                 raise TypeError("must be true or false")
             return value
+        if name in _POSITIVE_FLOATS:
+            if isinstance(value, bool) or float(value) <= 0:
+                raise ValueError("must be > 0")
+            return float(value)
         if name in _NON_NEGATIVE_FLOATS:
             number = float(value)
             if number < 0:
                 raise ValueError("must be >= 0")
             return number
+        if name == "verdict_cache_size":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError("must be a non-negative integer (0 turns the cache off)")
+            return value
         if name in _POSITIVE_INTS:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError("must be a positive integer")

@@ -20,6 +20,14 @@ class UndecodableBody(Exception):
     """The body's content coding is unknown or its data does not decode within the limit."""
 
 
+# No server compresses more than twice; more is an attack on decoding time.
+MAX_CODINGS = 3
+# Concatenated gzip members or zstd frames in one body: legitimate bodies
+# have one; each costs a decoder setup, so a flood of empty ones is refused.
+MAX_MEMBERS = 16
+# RFC 9659: HTTP zstd decoders need not accept windows over 8 MiB.
+_ZSTD_MAX_WINDOW = 8 * 1024 * 1024
+
 # Content-coding names (RFC 9110 section 8.4.1, and the IANA registry).
 _GZIP = frozenset({"gzip", "x-gzip"})
 _KNOWN = _GZIP | {"deflate", "br", "zstd", "identity"}
@@ -34,7 +42,10 @@ def parse_content_encoding(header: str) -> tuple[str, ...]:
     for coding in codings:
         if coding not in _KNOWN:
             raise UndecodableBody(f"unsupported content-encoding {coding!r}")
-    return tuple(c for c in codings if c != "identity")
+    applied = tuple(c for c in codings if c != "identity")
+    if len(applied) > MAX_CODINGS:
+        raise UndecodableBody(f"more than {MAX_CODINGS} content codings")
+    return applied
 
 
 def decode(body: bytes, codings: Sequence[str], limit: int) -> bytes:
@@ -74,7 +85,7 @@ def _too_large(coding: str, limit: int) -> UndecodableBody:
 def _zlib(body: bytes, wbits: int, limit: int, coding: str, *, members: bool) -> bytes:
     out = bytearray()
     data = body
-    while True:
+    for _ in range(MAX_MEMBERS):
         decoder = zlib.decompressobj(wbits)
         out += decoder.decompress(data, limit + 1 - len(out))
         if len(out) > limit or decoder.unconsumed_tail:
@@ -87,6 +98,7 @@ def _zlib(body: bytes, wbits: int, limit: int, coding: str, *, members: bool) ->
             return bytes(out)
         if not members:
             raise UndecodableBody(f"trailing bytes after {coding} data")
+    raise UndecodableBody(f"more than {MAX_MEMBERS} {coding} members")
 
 
 def _brotli(body: bytes, limit: int) -> bytes:
@@ -106,8 +118,11 @@ def _zstd(body: bytes, limit: int) -> bytes:
     # one slice can expand to a few MB at most (RLE blocks), not without bound.
     out = bytearray()
     data = body
-    while data:
-        decoder = zstandard.ZstdDecompressor().decompressobj()
+    context = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW)
+    for _ in range(MAX_MEMBERS):
+        if not data:
+            return bytes(out)
+        decoder = context.decompressobj()
         offset = 0
         while not decoder.eof:
             if offset >= len(data):
@@ -118,6 +133,8 @@ def _zstd(body: bytes, limit: int) -> bytes:
                 raise _too_large("zstd", limit)
         # Frames may follow each other; what the last slice held past this one is next.
         data = decoder.unused_data + data[offset:]
+    if data:
+        raise UndecodableBody(f"more than {MAX_MEMBERS} zstd frames")
     return bytes(out)
 
 

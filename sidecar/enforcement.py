@@ -42,6 +42,10 @@ from sidecar.records import ChunkRecord
 log = logging.getLogger(__name__)
 
 
+_ADMITTED = ("admitted", ADMITTED_REASON)
+# Principal-set digests remembered for audit records (a few hundred bytes each).
+_DIGESTS_KEPT = 4096
+
 # What may be wrong with a superseded chunk for its successor to take its place.
 _SUBSTITUTABLE = frozenset({Reason.STATUS_SUPERSEDED, Reason.EXPIRED})
 
@@ -99,6 +103,7 @@ class ResponseFilter:
         self._route_policy = route_policy
         self._overfetch_cap = overfetch_cap
         self._clock = clock
+        self._digests: dict[frozenset[str], str] = {}
 
     def format_for(self, route: Route) -> ResponseFormat | None:
         """The format whose responses on ``route`` must be filtered, or None to pass them."""
@@ -129,7 +134,7 @@ class ResponseFilter:
 
     def count_passthrough(self, format_name: str) -> None:
         """Count a response on a route the gate does not inspect (or an upstream error)."""
-        self._metrics.responses.labels(Outcome.PASSTHROUGH, format_name).inc()
+        self._metrics.count_response(Outcome.PASSTHROUGH, format_name)
 
     def reject_unreadable(
         self, fmt: ResponseFormat, route: Route, caller: Caller, request_id: str, why: str
@@ -211,7 +216,6 @@ class ResponseFilter:
         headers = {
             "x-retrieval-gate-decision-id": decision_id,
             "x-retrieval-gate-admitted": str(len(kept) if released is None else len(released)),
-            "x-retrieval-gate-rejected": str(len(verdict.decisions) - len(kept)),
         }
         record = self._record(decision_id, request_id, caller, fmt, mode, verdict, started)
         record["tenant_filter"] = rewrite is not None and rewrite.tenant_filter
@@ -243,17 +247,22 @@ class ResponseFilter:
             self._write_audit(record | {"outcome": outcome})
         except AuditError:
             # A decision that cannot be recorded is not released.
-            self._metrics.responses.labels(Outcome.ERROR, fmt.name).inc()
+            self._metrics.count_response(Outcome.ERROR, fmt.name)
             return FilterResult(Outcome.ERROR, 500, _error_body("audit_unavailable"))
 
+        counts: dict[tuple[str, str], int] = {}
         for decision in verdict.decisions:
-            self._metrics.chunks.labels(
-                "admitted" if decision.admitted else "rejected",
-                decision.primary or ADMITTED_REASON,
-                fmt.name,
-            ).inc()
-        self._metrics.responses.labels(outcome, fmt.name).inc()
-        self._metrics.decision_seconds.observe(time.perf_counter() - started)
+            reasons = decision.reasons
+            key = ("rejected", reasons[0]) if reasons else _ADMITTED
+            counts[key] = counts.get(key, 0) + 1
+        metrics = self._metrics
+        metrics.count_chunks(fmt.name, counts)
+        metrics.count_response(outcome, fmt.name)
+        if verdict.verdicts_cached:
+            metrics.verdict_cache_hits.inc(verdict.verdicts_cached)
+        if verdict.verdicts_evaluated and self._gate.verdict_cache is not None:
+            metrics.verdict_cache_misses.inc(verdict.verdicts_evaluated)
+        metrics.decision_seconds.observe(time.perf_counter() - started)
         if status != 200:
             return FilterResult(outcome, status, _error_body(refusal, decision_id), headers)
         return FilterResult(outcome, 200, new_body, headers)
@@ -275,7 +284,7 @@ class ResponseFilter:
             self._record(decision_id, request_id, caller, fmt, mode, None, started)
             | {"outcome": outcome, "error": error}
         )
-        self._metrics.responses.labels(outcome, fmt.name).inc()
+        self._metrics.count_response(outcome, fmt.name)
         if mode is Mode.AUDIT:
             return FilterResult(outcome, 200, None)
         return FilterResult(outcome, 502, _error_body(error, decision_id))
@@ -354,22 +363,42 @@ class ResponseFilter:
             "request_id": request_id,
             "time": datetime.now(UTC).isoformat(timespec="microseconds"),
             "tenant": caller.tenant,
-            "principals_sha256": caller.principals_digest(),
+            "principals_sha256": self._principals_digest(caller),
             "format": fmt.name,
             "mode": mode.value,
         }
         if verdict is not None:
+            candidates: list[str | None] = []
+            rejected: list[dict[str, object]] = []
+            admitted: list[str | None] = []
+            for d in verdict.decisions:
+                candidates.append(d.chunk_id)
+                if d.reasons:
+                    entry: dict[str, object] = {
+                        "position": d.position,
+                        "chunk_id": d.chunk_id,
+                        "reasons": list(d.reasons),
+                    }
+                    if d.detail:
+                        entry["detail"] = d.detail
+                    rejected.append(entry)
+                else:
+                    admitted.append(d.chunk_id)
             record["policy_version"] = verdict.policy_version
-            record["candidates"] = [d.chunk_id for d in verdict.decisions]
-            record["rejected"] = [
-                {"position": d.position, "chunk_id": d.chunk_id, "reasons": list(d.reasons)}
-                | ({"detail": d.detail} if d.detail else {})
-                for d in verdict.decisions
-                if not d.admitted
-            ]
-            record["admitted"] = [d.chunk_id for d in verdict.decisions if d.admitted]
+            record["candidates"] = candidates
+            record["rejected"] = rejected
+            record["admitted"] = admitted
         record["latency_ms"] = round((time.perf_counter() - started) * 1000, 3)
         return record
+
+    def _principals_digest(self, caller: Caller) -> str:
+        """``caller.principals_digest()``, remembered per principal set (bounded)."""
+        digest = self._digests.get(caller.principals)
+        if digest is None:
+            if len(self._digests) >= _DIGESTS_KEPT:
+                self._digests.clear()
+            digest = self._digests[caller.principals] = caller.principals_digest()
+        return digest
 
     def _write_audit(self, record: dict[str, object]) -> None:
         try:

@@ -4,13 +4,22 @@ Pure: no I/O, no Envoy, no HTTP. The caller of :meth:`Gate.decide` has already
 looked the candidates up in the metadata store; the gate runs the checks that
 need no policy (shape, presence, integrity), evaluates the Rego policy once for
 the whole batch, and merges everything into reasons in canonical order.
+
+When the policy declares itself time-pure, the policy's reasons per (caller,
+record, policy version) are kept in a VerdictCache until the record's next
+validity boundary, and Rego runs only for the records of a batch without a
+valid entry (policies/README.md, "Verdict cache"). The integrity and signature
+checks run for every candidate of every response.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from hashlib import sha256
 from typing import Any
 
 from sidecar.formats.base import Candidate
@@ -19,6 +28,9 @@ from sidecar.integrity import canonical_sha256
 from sidecar.policy.engine import PolicyEngine, PolicyError
 from sidecar.reasons import Reason, ReasonOrder
 from sidecar.records import ChunkRecord
+
+# Verdict cache entries by default: one per (caller, chunk record) pair.
+DEFAULT_VERDICT_CACHE_SIZE = 20_000
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MICROSECOND = timedelta(microseconds=1)
@@ -51,6 +63,9 @@ class Verdict:
     decisions: tuple[ChunkDecision, ...]
     policy_version: str
     policy_failed: bool
+    # Unique records whose policy reasons came from the verdict cache / from Rego.
+    verdicts_cached: int = 0
+    verdicts_evaluated: int = 0
 
     @property
     def admitted_positions(self) -> frozenset[int]:
@@ -100,12 +115,137 @@ def _text_matches(text: str, expected_sha256: str) -> bool:
         return False
 
 
+_NEVER = float("-inf")
+_FOREVER = float("inf")
+
+# (policy version, tenant, principals, drafts_allowed): every caller fact in the policy input.
+_CallerKey = tuple[str, str, frozenset[str], bool]
+# (start, end, reasons): the reasons hold while start <= now_ns < end.
+_Entry = tuple[float, float, tuple[str, ...]]
+
+
+class VerdictCache:
+    """A time-pure policy's reasons per (caller, record), until the record's next validity boundary.
+
+    The key holds the whole record as the store returned it, so a record the
+    store changed (revoked, re-scoped, re-hashed, re-dated) is a different key
+    and a miss: an entry can never outlive a revocation that reached the
+    metadata cache. An entry answers only while ``now`` lies in the same
+    validity interval as when it was computed: ``[start, end)`` between the
+    record's boundaries (``effective_at``, ``expires_at``) around that moment.
+
+    Bounded: the least recently used entries make room. Thread-safe.
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        if maxsize < 1:
+            raise ValueError("verdict cache size must be at least 1")
+        self.maxsize = maxsize
+        # An OrderedDict rather than cachetools.LRUCache: a hit hashes the key
+        # (a whole record) twice here, four times there.
+        self._entries: OrderedDict[tuple[_CallerKey, ChunkRecord], _Entry] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(
+        self, caller: _CallerKey, records: Mapping[str, ChunkRecord], now_ns: int
+    ) -> tuple[dict[str, tuple[str, ...]], dict[str, ChunkRecord]]:
+        """(reasons valid at ``now_ns`` per chunk id, the records without them)."""
+        found: dict[str, tuple[str, ...]] = {}
+        missing: dict[str, ChunkRecord] = {}
+        entries = self._entries
+        with self._lock:
+            for chunk_id, record in records.items():
+                key = (caller, record)
+                try:
+                    entry = entries.get(key)
+                except TypeError:  # an unhashable field: such a record is never cached
+                    entry = None
+                if entry is not None and entry[0] <= now_ns < entry[1]:
+                    entries.move_to_end(key)
+                    found[chunk_id] = entry[2]
+                else:
+                    missing[chunk_id] = record
+        return found, missing
+
+    def get(self, caller: _CallerKey, record: ChunkRecord, now_ns: int) -> tuple[str, ...] | None:
+        """The cached reasons for one record, or None when absent or not valid at ``now_ns``."""
+        found, _ = self.lookup(caller, {"": record}, now_ns)
+        return found.get("")
+
+    def put(
+        self,
+        caller: _CallerKey,
+        record: ChunkRecord,
+        now_ns: int,
+        boundaries: tuple[int, int | None],
+        reasons: tuple[str, ...],
+    ) -> None:
+        """Keep ``reasons``, decided at ``now_ns``, for the validity interval around it.
+
+        ``boundaries`` are the record's ``effective_at`` and ``expires_at`` (None:
+        open-ended) in nanoseconds since the epoch.
+        """
+        start, end = _NEVER, _FOREVER
+        for boundary in boundaries:
+            if boundary is None:
+                continue
+            if boundary <= now_ns:
+                start = max(start, boundary)
+            else:
+                end = min(end, boundary)
+        entries = self._entries
+        key = (caller, record)
+        with self._lock:
+            try:
+                entries[key] = (start, end, reasons)
+            except TypeError:  # unhashable: not cached
+                return
+            entries.move_to_end(key)
+            while len(entries) > self.maxsize:
+                entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
 class Gate:
     """Decides, per candidate chunk, whether this caller may use it now."""
 
-    def __init__(self, policy: PolicyEngine, order: ReasonOrder | None = None) -> None:
+    def __init__(
+        self,
+        policy: PolicyEngine,
+        order: ReasonOrder | None = None,
+        *,
+        verdict_cache_size: int = DEFAULT_VERDICT_CACHE_SIZE,
+    ) -> None:
+        """``verdict_cache_size`` bounds the verdict cache (entries); 0 turns it off.
+
+        Verdicts are cached only when the policy declares itself time-pure
+        (``policy.time_pure``); see VerdictCache and policies/README.md.
+        """
+        if verdict_cache_size < 0:
+            raise ValueError("verdict_cache_size must not be negative")
         self._policy = policy
         self._order = order or ReasonOrder()
+        self._canonical_reasons: dict[tuple[str, ...], tuple[str, ...]] = {}
+        cacheable = getattr(policy, "time_pure", False) is True
+        self._verdicts = (
+            VerdictCache(verdict_cache_size) if cacheable and verdict_cache_size else None
+        )
+
+    @property
+    def verdict_cache(self) -> VerdictCache | None:
+        """The verdict cache; None when the policy is not time-pure or caching is off."""
+        return self._verdicts
+
+    def clear_verdict_cache(self) -> None:
+        """Forget every cached verdict (e.g. for a benchmark of the uncached path)."""
+        if self._verdicts is not None:
+            self._verdicts.clear()
 
     def decide(
         self,
@@ -122,63 +262,122 @@ class Gate:
         """
         if now.tzinfo is None:
             raise ValueError("now must be timezone-aware")
+        version = self._policy.version
 
         # Policy input is per unique record: batch responses repeat chunks.
         to_evaluate: dict[str, ChunkRecord] = {}
         for candidate in candidates:
-            if candidate.chunk_id is not None and candidate.text is not None:
-                record = records.get(candidate.chunk_id)
-                if record is not None and candidate.chunk_id not in unavailable:
-                    to_evaluate[candidate.chunk_id] = record
+            chunk_id = candidate.chunk_id
+            if chunk_id is not None and candidate.text is not None:
+                record = records.get(chunk_id)
+                if record is not None and chunk_id not in unavailable:
+                    to_evaluate[chunk_id] = record
 
-        policy_reasons: Mapping[str, list[str]] | None = {}
+        # Reasons from the policy per chunk id, in canonical order; None: the policy failed.
+        policy_reasons: dict[str, tuple[str, ...]] | None = {}
+        cached = 0
         if to_evaluate:
-            try:
-                policy_reasons = self._policy.evaluate(
-                    policy_input(caller, list(to_evaluate.values()), now)
+            policy_reasons, cached = self._policy_reasons(caller, to_evaluate, version, now)
+
+        order = self._order
+        decisions = []
+        for candidate in candidates:
+            position = candidate.position
+            chunk_id = candidate.chunk_id
+            if chunk_id is None or candidate.text is None:
+                detail = candidate.problem or "hit has no id or no text"
+                decisions.append(
+                    ChunkDecision(position, chunk_id, (Reason.MALFORMED_CHUNK,), detail)
                 )
-            except PolicyError:
-                policy_reasons = None
-
-        decisions = tuple(
-            self._decide_one(candidate, to_evaluate, unavailable, policy_reasons)
-            for candidate in candidates
-        )
-        return Verdict(
-            decisions=decisions,
-            policy_version=self._policy.version,
-            policy_failed=policy_reasons is None,
-        )
-
-    def _decide_one(
-        self,
-        candidate: Candidate,
-        evaluated: Mapping[str, ChunkRecord],
-        unavailable: Collection[str],
-        policy_reasons: Mapping[str, list[str]] | None,
-    ) -> ChunkDecision:
-        chunk_id = candidate.chunk_id
-        if chunk_id is None or candidate.text is None:
-            detail = candidate.problem or "hit has no id or no text"
-            return ChunkDecision(candidate.position, chunk_id, (Reason.MALFORMED_CHUNK,), detail)
-        if chunk_id in unavailable:
-            return ChunkDecision(candidate.position, chunk_id, (Reason.METADATA_UNAVAILABLE,))
-        record = evaluated.get(chunk_id)
-        if record is None:
-            return ChunkDecision(candidate.position, chunk_id, (Reason.MISSING_METADATA,))
-
-        reasons: list[str] = []
-        if policy_reasons is None:
-            reasons.append(Reason.POLICY_ERROR)
-        else:
-            verdict = policy_reasons.get(chunk_id)
-            if verdict is None:
-                # A policy that says nothing about a chunk has not admitted it.
-                reasons.append(Reason.POLICY_ERROR)
+                continue
+            if chunk_id in unavailable:
+                decisions.append(ChunkDecision(position, chunk_id, _UNAVAILABLE))
+                continue
+            record = to_evaluate.get(chunk_id)
+            if record is None:
+                decisions.append(ChunkDecision(position, chunk_id, _MISSING))
+                continue
+            reasons = _POLICY_ERROR if policy_reasons is None else policy_reasons[chunk_id]
+            # Integrity and signature depend on the returned text and the
+            # store's answer: checked for every candidate, never cached.
+            text = candidate.text
+            if text.isascii() and "\r" not in text:
+                # Already canonical (integrity.canonical_text): hash it as it is.
+                intact = sha256(text.encode()).hexdigest() == record.sha256
             else:
-                reasons.extend(r if self._order.known(r) else Reason.POLICY_DENY for r in verdict)
-        if not _text_matches(candidate.text, record.sha256):
-            reasons.append(Reason.HASH_MISMATCH)
-        if record.requires_signature and not record.signature_valid:
-            reasons.append(Reason.SIGNATURE_MISSING)
-        return ChunkDecision(candidate.position, chunk_id, self._order.sort(reasons))
+                intact = _text_matches(text, record.sha256)
+            signed = record.signature_valid or not record.requires_signature
+            if not (intact and signed):
+                extra = [] if intact else [Reason.HASH_MISMATCH]
+                if not signed:
+                    extra.append(Reason.SIGNATURE_MISSING)
+                reasons = order.sort([*reasons, *extra])
+            decisions.append(ChunkDecision(position, chunk_id, reasons))
+        return Verdict(
+            decisions=tuple(decisions),
+            policy_version=version,
+            policy_failed=policy_reasons is None,
+            verdicts_cached=cached,
+            verdicts_evaluated=len(to_evaluate) - cached,
+        )
+
+    def _policy_reasons(
+        self,
+        caller: Caller,
+        records: Mapping[str, ChunkRecord],
+        version: str,
+        now: datetime,
+    ) -> tuple[dict[str, tuple[str, ...]] | None, int]:
+        """The policy's reasons for each record, from the verdict cache where it
+        holds them, else from one evaluation for the rest (None when that
+        fails); and how many came from the cache."""
+        verdicts = self._verdicts
+        now_ns = to_epoch_ns(now)
+        caller_key: _CallerKey = (version, caller.tenant, caller.principals, caller.drafts_allowed)
+        if verdicts is None:
+            found: dict[str, tuple[str, ...]] = {}
+            missing: Mapping[str, ChunkRecord] = records
+        else:
+            found, missing = verdicts.lookup(caller_key, records, now_ns)
+        if not missing:
+            return found, len(found)
+        document = policy_input(caller, list(missing.values()), now)
+        try:
+            answer = self._policy.evaluate(document)
+        except PolicyError:
+            # Fail the whole response as an uncached gate would: no chunk gets
+            # a verdict from an evaluation that did not complete.
+            return None, len(found)
+        for chunk_id, chunk in zip(missing, document["chunks"], strict=True):
+            raw = answer.get(chunk_id)
+            if raw is None:
+                # A policy that says nothing about a chunk has not admitted it.
+                found[chunk_id] = _POLICY_ERROR
+                continue
+            reasons = self._canonical(raw)
+            found[chunk_id] = reasons
+            if verdicts is not None:
+                boundaries = (chunk["effective_at_ns"], chunk["expires_at_ns"])
+                verdicts.put(caller_key, missing[chunk_id], now_ns, boundaries, reasons)
+        return found, len(records) - len(missing)
+
+    def _canonical(self, raw: Sequence[str]) -> tuple[str, ...]:
+        """The policy's reasons for one chunk in canonical order, undeclared ones
+        as POLICY_DENY; remembered per distinct answer (a handful in practice)."""
+        key = tuple(raw)
+        reasons = self._canonical_reasons.get(key)
+        if reasons is None:
+            order = self._order
+            reasons = order.sort(r if order.known(r) else Reason.POLICY_DENY for r in key)
+            if len(self._canonical_reasons) >= _CANONICAL_KEPT:
+                self._canonical_reasons.clear()
+            self._canonical_reasons[key] = reasons
+        return reasons
+
+
+# Distinct policy answers remembered with their canonical form.
+_CANONICAL_KEPT = 1024
+
+_UNAVAILABLE: tuple[str, ...] = (Reason.METADATA_UNAVAILABLE,)
+_MISSING: tuple[str, ...] = (Reason.MISSING_METADATA,)
+_POLICY_ERROR: tuple[str, ...] = (Reason.POLICY_ERROR,)

@@ -6,6 +6,9 @@ custom reasons, format names, outcomes): never chunk text, ids or callers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Responses are usually decided in well under 10 ms; the upper buckets catch
@@ -77,6 +80,16 @@ class GateMetrics:
         self.policy_errors = Counter(
             "retrieval_gate_policy_errors", "Policy evaluations that failed.", registry=r
         )
+        self.verdict_cache_hits = Counter(
+            "retrieval_gate_verdict_cache_hits",
+            "Chunk verdicts of a time-pure policy answered by the verdict cache.",
+            registry=r,
+        )
+        self.verdict_cache_misses = Counter(
+            "retrieval_gate_verdict_cache_misses",
+            "Chunk verdicts of a time-pure policy evaluated in Rego (verdict cache misses).",
+            registry=r,
+        )
         self.substitutions = Counter(
             "retrieval_gate_substitutions",
             "Superseded chunks replaced in place by their admitted successor.",
@@ -92,12 +105,39 @@ class GateMetrics:
             "retrieval_gate_audit_shipping_failed",
             "1 when the audit shipper stopped for good (see the sidecar log); records pile up.",
             registry=r,
+            # With several workers: 1 when any worker's shipper stopped.
+            multiprocess_mode="max",
         )
         self.audit_backlog = Gauge(
             "retrieval_gate_audit_backlog",
             "Audit records spooled locally and not yet confirmed in the PostgreSQL audit table.",
             registry=r,
+            # With several workers: the backlogs of the live workers, added up.
+            multiprocess_mode="livesum",
         )
+
+        # labels() is slow next to inc(): children are kept per label values.
+        # Their number is bounded by the closed label sets.
+        self._chunk_children: dict[tuple[str, str, str], Any] = {}
+        self._response_children: dict[tuple[str, str], Any] = {}
+
+    def count_chunks(self, format_name: str, counts: Mapping[tuple[str, str], int]) -> None:
+        """Add ``counts`` per (decision, primary reason) to ``retrieval_gate_chunks_total``."""
+        children = self._chunk_children
+        for (decision, reason), n in counts.items():
+            key = (decision, reason, format_name)
+            child = children.get(key)
+            if child is None:
+                child = children[key] = self.chunks.labels(decision, reason, format_name)
+            child.inc(n)
+
+    def count_response(self, outcome: str, format_name: str) -> None:
+        """Count one response in ``retrieval_gate_responses_total``."""
+        key = (outcome, format_name)
+        child = self._response_children.get(key)
+        if child is None:
+            child = self._response_children[key] = self.responses.labels(outcome, format_name)
+        child.inc()
 
     # CacheObserver protocol (sidecar.metadata.cache): keeps the cache free of Prometheus.
     def hit(self, n: int) -> None:

@@ -15,6 +15,7 @@ from sidecar.envoy.bootstrap import Upstream, build_bootstrap
 from sidecar.envoy.jwt_authn import needs_generated_jwks, write_generated_jwks
 from sidecar.envoy.process import EnvoyProcess
 from sidecar.server import Sidecar, SidecarServer
+from sidecar.workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,11 @@ async def run_proxy(
         if settings.identity is IdentityMode.ENVOY_JWT and needs_generated_jwks(settings):
             generated_jwks = workdir / "jwks.json"
             write_generated_jwks(settings, generated_jwks)
-        server = SidecarServer(Sidecar.from_settings(settings))
+        server: SidecarServer | WorkerPool = (
+            SidecarServer(Sidecar.from_settings(settings))
+            if settings.workers == 1
+            else WorkerPool(settings)
+        )
         await server.start()
         envoy = EnvoyProcess(
             build_bootstrap(
@@ -74,13 +79,17 @@ async def run_proxy(
                 ready.set()
             stopped = asyncio.ensure_future(stop.wait())
             exited = asyncio.ensure_future(envoy.wait())
-            done, pending = await asyncio.wait(
-                {stopped, exited}, return_when=asyncio.FIRST_COMPLETED
-            )
+            watched = {stopped, exited}
+            if isinstance(server, WorkerPool):
+                watched.add(asyncio.ensure_future(server.wait()))
+            done, pending = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
             for task in pending:
                 task.cancel()
             if exited in done:
                 log.error("envoy exited with code %s; stopping", exited.result())
+                return 1
+            if stopped not in done:
+                log.error("a sidecar worker exited; stopping")
                 return 1
             return 0
         finally:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,7 +134,11 @@ class Sidecar:
         data = load_policy_data(settings)
         policy = RegorusEngine.from_directory(settings.policy_dir, data=data)
         request_policy = RequestPolicy.from_directory(settings.policy_dir, data=data)
-        gate = Gate(policy, ReasonOrder(settings.custom_reasons))
+        gate = Gate(
+            policy,
+            ReasonOrder(settings.custom_reasons),
+            verdict_cache_size=settings.verdict_cache_size,
+        )
         formats = format_table(settings)
         audit = build_audit(settings, metrics)
         response_filter = ResponseFilter(
@@ -172,7 +178,9 @@ class SidecarServer:
         self._grpc = grpc.aio.server(options=options)
         ext_proc_pb2_grpc.add_ExternalProcessorServicer_to_server(
             ExternalProcessorServicer(
-                sidecar.response_filter, max_body_bytes=sidecar.settings.max_body_bytes
+                sidecar.response_filter,
+                sidecar.access,
+                max_body_bytes=sidecar.settings.max_body_bytes,
             ),
             self._grpc,
         )
@@ -210,3 +218,15 @@ class SidecarServer:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
         await self.sidecar.aclose()
+
+
+async def serve_until_signalled(settings: Settings) -> None:
+    """Run one sidecar process until SIGINT or SIGTERM, then stop it gracefully."""
+    server = SidecarServer(Sidecar.from_settings(settings))
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    await server.stop()

@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from sidecar.demo.upstream import FixtureUpstream
 from sidecar.envoy.bootstrap import Upstream, build_bootstrap
 from sidecar.envoy.jwt_authn import needs_generated_jwks, write_generated_jwks
 from sidecar.envoy.process import envoy_command, read_admin_address
+from sidecar.workers import worker_addresses
 
 CLI = [sys.executable, "-m", "sidecar.cli"]
 
@@ -102,8 +103,15 @@ class GateStack:
         max_body_bytes: int = 4 * 1024 * 1024,
         store_url: str | None = None,
         upstream_url: str | None = None,
+        edit_bootstrap: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
-        """``upstream_url`` puts a real server behind Envoy instead of the fixture upstream."""
+        """``upstream_url`` puts a real server behind Envoy instead of the fixture upstream.
+
+        ``edit_bootstrap`` may change the generated Envoy bootstrap before Envoy
+        starts (e.g. to put a mesh's ext_authz filter in front).
+        """
+        self._edit_bootstrap = edit_bootstrap
+        self.envoy_admin: tuple[str, int] | None = None
         self.workdir = workdir
         self._fixture = FixtureUpstream().start() if upstream_url is None else None
         self.upstream_url = upstream_url or self.upstream.url
@@ -157,7 +165,12 @@ class GateStack:
         config_file.write_text(
             "\n".join(f"{key} = {_toml_value(value)}" for key, value in self._config.items())
         )
-        self.socket.unlink(missing_ok=True)
+        sockets = [
+            Path(a.removeprefix("unix:"))
+            for a in worker_addresses(f"unix:{self.socket}", int(self._config.get("workers", 1)))
+        ]
+        for socket_path in sockets:
+            socket_path.unlink(missing_ok=True)
         log = (self.workdir / "sidecar.log").open("ab")
         self.sidecar = subprocess.Popen(
             [*CLI, "serve", "--config", str(config_file)], stdout=log, stderr=log
@@ -167,7 +180,7 @@ class GateStack:
             assert self.sidecar is not None
             if self.sidecar.poll() is not None:
                 raise RuntimeError((self.workdir / "sidecar.log").read_text()[-3000:])
-            return self.socket.exists()
+            return all(path.exists() for path in sockets)
 
         _wait_for(listening, "the sidecar's gRPC socket")
 
@@ -192,6 +205,8 @@ class GateStack:
             upstream=Upstream.parse(self.upstream_url),
             generated_jwks=generated_jwks,
         )
+        if self._edit_bootstrap is not None:
+            self._edit_bootstrap(bootstrap)
         config = self.workdir / "envoy.json"
         config.write_text(json.dumps(bootstrap))
         admin_file = self.workdir / "envoy-admin"
@@ -206,11 +221,24 @@ class GateStack:
             if address is None:
                 return False
             try:
-                return http("GET", f"http://{address[0]}:{address[1]}/ready").status == 200
+                live = http("GET", f"http://{address[0]}:{address[1]}/ready").status == 200
             except OSError:
                 return False
+            self.envoy_admin = address
+            return live
 
         _wait_for(ready, "Envoy to report LIVE")
+
+    def envoy_stat(self, name: str) -> int:
+        """One counter from Envoy's admin /stats (0 when absent)."""
+        assert self.envoy_admin is not None
+        host, port = self.envoy_admin
+        body = http("GET", f"http://{host}:{port}/stats?filter=^{name}$").body.decode()
+        for line in body.splitlines():
+            key, _, value = line.partition(": ")
+            if key == name:
+                return int(value)
+        return 0
 
     def search(
         self,

@@ -195,3 +195,28 @@ def test_offset_after_ignores_a_line_still_being_written(tmp_path: Path) -> None
         handle.write(b'{"decision_id":"d2","seq":3,"pre')  # another thread's write in flight
     offset, found = offset_after(log, 2)
     assert offset == size and found is not None and found["seq"] == 2
+
+
+def test_a_line_is_the_canonical_json_of_the_record_and_its_digest(tmp_path: Path) -> None:
+    # The sink serialises once without and once with the digest; the line must
+    # be exactly what the chain contract defines, key order and all.
+    log = tmp_path / "audit.jsonl"
+    sink = JsonlAuditSink(log)
+    record = {"decision_id": "d1", "rejected": [{"reasons": ["EXPIRED"], "chunk_id": "c1"}]}
+    sink.write(record)
+    sink.close()
+    chained = {**record, "seq": 1, "prev_sha256": GENESIS}
+    expected = {**chained, "sha256": record_digest(chained)}
+    assert lines(log) == [orjson.dumps(expected, option=orjson.OPT_SORT_KEYS)]
+    assert record == {"decision_id": "d1", "rejected": [{"reasons": ["EXPIRED"], "chunk_id": "c1"}]}
+
+
+def test_a_sha256_field_in_the_record_does_not_forge_the_digest(tmp_path: Path) -> None:
+    log = tmp_path / "audit.jsonl"
+    sink = JsonlAuditSink(log)
+    sink.write({"decision_id": "d1", "sha256": "f" * 64})
+    sink.write({"decision_id": "d2"})
+    sink.close()
+    first = orjson.loads(lines(log)[0])
+    assert first["sha256"] == record_digest(first) != "f" * 64
+    assert verify_chain(log).ok

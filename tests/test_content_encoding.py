@@ -106,3 +106,29 @@ def test_concatenated_zstd_frames() -> None:
     compress = zstandard.ZstdCompressor().compress
     body = compress(BODY[:half]) + compress(BODY[half:])
     assert decode(body, ("zstd",), limit=len(BODY)) == BODY
+
+
+def test_a_flood_of_gzip_members_is_refused() -> None:
+    empty = gzip.compress(b"")
+    with pytest.raises(UndecodableBody, match="members"):
+        decode(empty * 50_000, ("gzip",), limit=len(BODY))
+
+
+def test_a_flood_of_zstd_frames_is_refused() -> None:
+    empty = zstandard.ZstdCompressor().compress(b"")
+    with pytest.raises(UndecodableBody, match="frames"):
+        decode(empty * 50_000, ("zstd",), limit=len(BODY))
+
+
+def test_too_many_codings_are_refused() -> None:
+    with pytest.raises(UndecodableBody, match="content codings"):
+        parse_content_encoding("gzip, gzip, gzip, gzip")
+
+
+def test_a_zstd_window_over_8_mib_is_refused() -> None:
+    params = zstandard.ZstdCompressionParameters(window_log=27)
+    # Streamed, so the size is unknown and the encoder keeps the large window.
+    encoder = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    big_window = encoder.compress(BODY) + encoder.flush()
+    with pytest.raises(UndecodableBody):
+        decode(big_window, ("zstd",), limit=len(BODY))

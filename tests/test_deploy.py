@@ -53,8 +53,12 @@ def test_generated_bootstrap_fails_closed() -> None:
     listener = bootstrap["static_resources"]["listeners"][0]
     hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
     filters = {f["name"]: f["typed_config"] for f in hcm["http_filters"]}
-    assert filters["envoy.filters.http.ext_authz"]["failure_mode_allow"] is False
+    # One ext_proc stream admits and filters each request; no separate ext_authz call.
+    assert "envoy.filters.http.ext_authz" not in filters
     assert filters["envoy.filters.http.ext_proc"]["failure_mode_allow"] is False
+    assert filters["envoy.filters.http.ext_proc"]["status_on_error"] == {
+        "code": "ServiceUnavailable"
+    }
     assert filters["envoy.filters.http.ext_proc"]["processing_mode"]["response_body_mode"] == (
         "BUFFERED"
     )
@@ -99,11 +103,7 @@ def test_envoy_jwt_bootstrap_is_valid(tmp_path: Path, keys: str) -> None:
     assert "inline_string" not in json.dumps(bootstrap)  # no key material in the config
     hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
     names = [f["name"] for f in hcm["typed_config"]["http_filters"]]
-    assert names[:3] == [
-        "envoy.filters.http.jwt_authn",
-        "envoy.filters.http.ext_authz",
-        "envoy.filters.http.ext_proc",
-    ]
+    assert names[:2] == ["envoy.filters.http.jwt_authn", "envoy.filters.http.ext_proc"]
     config = tmp_path / "envoy.json"
     config.write_text(json.dumps(bootstrap))
     done = validate(config)
@@ -130,3 +130,25 @@ def test_envoy_jwt_refuses_weak_keys(tmp_path: Path, kind: str, message: str) ->
         settings = Settings(identity=IdentityMode.ENVOY_JWT, jwt_public_key=tmp_path / "key")
     with pytest.raises(ValueError, match=message):
         write_generated_jwks(settings, tmp_path / "out.json")
+
+
+def test_generated_bootstrap_lists_every_worker(tmp_path: Path) -> None:
+    settings = Settings(
+        identity=IdentityMode.TRUSTED_HEADERS, grpc_listen="unix:/tmp/gate.sock", workers=3
+    )
+    bootstrap = build_bootstrap(
+        settings, listen=("127.0.0.1", 16336), upstream=Upstream.parse("http://127.0.0.1:6333")
+    )
+    (sidecar,) = [
+        c
+        for c in bootstrap["static_resources"]["clusters"]
+        if c["name"] == "retrieval_gate_sidecar"
+    ]
+    endpoints = sidecar["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    paths = [e["endpoint"]["address"]["pipe"]["path"] for e in endpoints]
+    assert paths == ["/tmp/gate.sock.0", "/tmp/gate.sock.1", "/tmp/gate.sock.2"]
+    assert sidecar["lb_policy"] == "LEAST_REQUEST"
+    config = tmp_path / "envoy.json"
+    config.write_text(json.dumps(bootstrap))
+    done = validate(config)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -183,7 +183,7 @@ def test_raw_query_body_headers_audit_and_metrics(stack: GateStack, direct: Coll
     assert [sorted(ids) for ids in body["ids"]] == [ADMITTED] * len(QUERIES)
     hits = len(CORPUS) * len(QUERIES)
     assert response.headers["x-retrieval-gate-admitted"] == str(len(ADMITTED) * len(QUERIES))
-    assert response.headers["x-retrieval-gate-rejected"] == str(hits - 9)
+    assert "x-retrieval-gate-rejected" not in response.headers
     assert response.headers["content-length"] == str(len(response.body))
 
     decision_id = response.headers["x-retrieval-gate-decision-id"]

@@ -257,3 +257,50 @@ def test_overfetch_audit_record_names_only_what_was_released(tmp_path: Path) -> 
         assert len(record["admitted"]) == 10  # what the policy admitted, before trimming
     finally:
         gate.stop()
+
+
+def _ext_authz_in_front(bootstrap: dict[str, Any]) -> None:
+    """What a mesh that admits requests with ext_authz puts before the ext_proc filter."""
+    listener = bootstrap["static_resources"]["listeners"][0]
+    filters = listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
+    ext_proc = next(f for f in filters if f["name"] == "envoy.filters.http.ext_proc")
+    ext_authz = {
+        "name": "envoy.filters.http.ext_authz",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz",
+            "transport_api_version": "V3",
+            "grpc_service": ext_proc["typed_config"]["grpc_service"],
+            "failure_mode_allow": False,
+            "status_on_error": {"code": "ServiceUnavailable"},
+        },
+    }
+    filters.insert(filters.index(ext_proc), ext_authz)
+
+
+@pytest.fixture(scope="module")
+def authz_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GateStack]:
+    gate = GateStack(
+        tmp_path_factory.mktemp("ext-authz"), RECORDS, edit_bootstrap=_ext_authz_in_front
+    ).start()
+    yield gate
+    gate.stop()
+
+
+def test_a_mesh_ext_authz_in_front_admits_and_ext_proc_filters(authz_stack: GateStack) -> None:
+    authz_stack.upstream.respond("POST", SEARCH, CannedResponse(qb.encode(qb.search_body(POINTS))))
+    response = authz_stack.search(SEARCH, tenant="acme", principals="group:qa")
+    assert response.status == 200, response.body
+    assert [hit["id"] for hit in response.json()["result"]] == [1]
+    assert authz_stack.envoy_stat("http.retrieval_gate.ext_authz.ok") == 1
+    # ext_authz stripped the identity headers; the upstream never saw them.
+    seen = authz_stack.upstream.requests[-1].headers
+    assert "x-gate-tenant" not in seen and "x-gate-principals" not in seen
+
+
+def test_a_mesh_ext_authz_in_front_refuses_before_the_stream(authz_stack: GateStack) -> None:
+    before = len(authz_stack.upstream.requests)
+    response = authz_stack.search(SEARCH, tenant=None)
+    assert response.status == 401
+    assert response.json() == {"error": "identity_missing"}
+    assert authz_stack.envoy_stat("http.retrieval_gate.ext_authz.denied") == 1
+    assert len(authz_stack.upstream.requests) == before

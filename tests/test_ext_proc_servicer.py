@@ -45,10 +45,13 @@ def headers(**values: str) -> core.HeaderMap:
     )
 
 
-def request_headers(path: str, *, identity: bool = True) -> ext_proc.ProcessingRequest:
+def request_headers(
+    path: str, *, identity: bool = True, method: str = "POST", **extra: str
+) -> ext_proc.ProcessingRequest:
+    """Request headers, with the caller as an ext_authz filter in front would leave it."""
     message = ext_proc.ProcessingRequest(
         request_headers=ext_proc.HttpHeaders(
-            headers=headers(colon_method="POST", colon_path=path, x_request_id="req-1")
+            headers=headers(colon_method=method, colon_path=path, x_request_id="req-1", **extra)
         )
     )
     if identity:
@@ -56,6 +59,18 @@ def request_headers(path: str, *, identity: bool = True) -> ext_proc.ProcessingR
         metadata.update({"tenant": "acme", "principals": ["group:qa"]})
         message.metadata_context.filter_metadata[IDENTITY_NAMESPACE].CopyFrom(metadata)
     return message
+
+
+def client_headers(path: str, method: str = "POST") -> ext_proc.ProcessingRequest:
+    """Request headers with no ext_authz in front: the stream admits the caller itself."""
+    return request_headers(
+        path,
+        identity=False,
+        method=method,
+        x_gate_tenant="acme",
+        x_gate_principals="group:qa",
+        accept_encoding="gzip",
+    )
 
 
 def response_headers(status: str = "200", **extra: str) -> ext_proc.ProcessingRequest:
@@ -75,7 +90,9 @@ def run_stream(
         server = grpc.aio.server()
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(
             ExternalProcessorServicer(
-                sidecar.response_filter, max_body_bytes=sidecar.settings.max_body_bytes
+                sidecar.response_filter,
+                sidecar.access,
+                max_body_bytes=sidecar.settings.max_body_bytes,
             ),
             server,
         )
@@ -122,20 +139,56 @@ def test_filtered_body_replaces_content_length_and_adds_decision_headers(
     }
     assert set_headers["content-length"] == str(len(new_body))
     assert set_headers["x-retrieval-gate-admitted"] == "1"
-    assert set_headers["x-retrieval-gate-rejected"] == "1"
+    assert "x-retrieval-gate-rejected" not in set_headers
 
 
-def test_search_route_without_identity_metadata_is_refused(sidecar: Sidecar) -> None:
+def test_the_stream_admits_the_caller_itself_without_ext_authz(sidecar: Sidecar) -> None:
+    answers = run_stream(sidecar, [client_headers(SEARCH), response_headers(), response_body(BODY)])
+    removed = answers[0].request_headers.response.header_mutation.remove_headers
+    assert sorted(removed) == ["accept-encoding", "x-gate-principals", "x-gate-tenant"]
+    new_body = answers[2].response_body.response.body_mutation.body
+    assert [h["id"] for h in orjson.loads(new_body)["result"]] == [1]
+
+
+def test_a_request_without_identity_is_refused_before_the_upstream(sidecar: Sidecar) -> None:
     (answer,) = run_stream(sidecar, [request_headers(SEARCH, identity=False)])
+    assert answer.immediate_response.status.code == 401
+    assert orjson.loads(answer.immediate_response.body) == {"error": "identity_missing"}
+
+
+def test_the_request_policy_refuses_writes_before_the_upstream(sidecar: Sidecar) -> None:
+    (answer,) = run_stream(sidecar, [client_headers("/collections/docs/points/delete")])
+    assert answer.immediate_response.status.code == 403
+    assert orjson.loads(answer.immediate_response.body) == {
+        "error": "forbidden",
+        "reasons": ["ROUTE_FORBIDDEN"],
+    }
+
+
+def test_a_non_canonical_path_is_400_even_with_a_caller_from_ext_authz(sidecar: Sidecar) -> None:
+    (answer,) = run_stream(sidecar, [request_headers("/collections/docs/points/%73earch")])
+    assert answer.immediate_response.status.code == 400
+
+
+def test_unreadable_ext_authz_metadata_is_401(sidecar: Sidecar) -> None:
+    message = request_headers(SEARCH, identity=False)
+    metadata = struct_pb2.Struct()
+    metadata.update({"tenant": 7})
+    message.metadata_context.filter_metadata[IDENTITY_NAMESPACE].CopyFrom(metadata)
+    (answer,) = run_stream(sidecar, [message])
     assert answer.immediate_response.status.code == 401
 
 
-def test_non_search_route_asks_envoy_not_to_send_the_body(sidecar: Sidecar) -> None:
-    answers = run_stream(
-        sidecar, [request_headers("/collections/docs", identity=False), response_headers()]
-    )
-    assert answers[1].HasField("mode_override")
-    assert answers[1].mode_override.response_body_mode == answers[1].mode_override.NONE
+def test_a_route_the_gate_does_not_filter_ends_the_stream_at_the_request_headers(
+    sidecar: Sidecar,
+) -> None:
+    (answer,) = run_stream(sidecar, [client_headers("/collections/docs", method="GET")])
+    mode = answer.mode_override
+    assert mode.response_header_mode == mode.SKIP
+    assert mode.response_body_mode == mode.NONE
+    assert mode.request_body_mode == mode.NONE
+    removed = answer.request_headers.response.header_mutation.remove_headers
+    assert sorted(removed) == ["x-gate-principals", "x-gate-tenant"]  # accept-encoding stays
 
 
 def test_upstream_error_status_is_not_inspected(sidecar: Sidecar) -> None:

@@ -436,7 +436,7 @@ def test_counts_and_removals_of_nested_batches_are_accepted() -> None:
         ("POST", "/api/retrieve", RouteKind.FILTERED),
         ("post", "/api/retrieve", RouteKind.FILTERED),
         ("POST", "/api/retrieve/", RouteKind.FILTERED),
-        ("POST", "/API/Retrieve", RouteKind.FILTERED),
+        ("POST", "/API/Retrieve", None),
         ("POST", "/api/v1/collections/docs/search", RouteKind.FILTERED),
         ("POST", "/api/v1/collections/my-coll_2.v1/search/", RouteKind.FILTERED),
         ("POST", "/api/v1/collections/{name}/search", RouteKind.FILTERED),

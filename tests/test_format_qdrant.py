@@ -22,10 +22,8 @@ from sidecar.formats import (
     MalformedBody,
     ParsedBody,
     QdrantFormat,
-    ResponseFormat,
     Route,
     RouteKind,
-    detect,
 )
 from tests.fixtures.qdrant_bodies import (
     BUILDERS,
@@ -221,12 +219,14 @@ def test_filters_no_other_routes(method: str, path: str) -> None:
     [
         ("GET", "/collections/docs", RouteKind.READ),
         ("HEAD", "/collections/docs/points", RouteKind.READ),
-        ("POST", "/collections/docs/points/count", RouteKind.READ),
+        ("POST", "/collections/docs/points/count", RouteKind.CONTENT),
+        ("POST", "/collections/docs/points/search/matrix/pairs", RouteKind.CONTENT),
+        ("POST", "/collections/docs/points/payload/clear", RouteKind.WRITE),
         ("PUT", "/collections/docs/points", RouteKind.WRITE),
         ("POST", "/collections/docs/points/delete", RouteKind.WRITE),
         ("POST", "/collections/docs/points/payload", RouteKind.WRITE),
         ("DELETE", "/collections/docs", RouteKind.WRITE),
-        ("POST", "/collections/docs/facet", RouteKind.WRITE),
+        ("POST", "/collections/docs/facet", RouteKind.CONTENT),
         ("GET", "/collections/docs/snapshots/s1.snapshot", RouteKind.CONTENT),
         ("POST", "/collections/docs/snapshots", RouteKind.CONTENT),
         ("GET", "/snapshots", RouteKind.CONTENT),
@@ -242,14 +242,6 @@ def test_route_kinds(method: str, path: str, kind: RouteKind | None) -> None:
 
 def test_name() -> None:
     assert QdrantFormat().name == "qdrant"
-
-
-def test_detect_returns_first_format_that_handles_the_route() -> None:
-    first, second = QdrantFormat(), QdrantFormat(text_field="content")
-    formats: list[ResponseFormat] = [first, second]
-    assert detect(route("search"), formats) is first
-    assert detect(Route("GET", "/collections/docs"), formats) is None
-    assert detect(route("search"), []) is None
 
 
 def test_parse_rejects_a_route_it_does_not_handle() -> None:

@@ -154,3 +154,59 @@ def test_every_built_in_format_checks_its_field_options(
 ) -> None:
     with pytest.raises(ValueError, match=f"formats.{name}: {message}"):
         table(**{name: {option: value}})
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "expected"),
+    [
+        # An Elasticsearch index named like another database's routes.
+        ("GET", "/collections/_search", ("elasticsearch", RouteKind.FILTERED)),
+        ("GET", "/collections/_doc/1", ("elasticsearch", RouteKind.CONTENT)),
+        ("GET", "/namespaces/_search", ("elasticsearch", RouteKind.FILTERED)),
+        ("GET", "/namespaces/_count", ("elasticsearch", RouteKind.CONTENT)),
+        # Only Qdrant knows this one.
+        ("GET", "/collections/docs", ("qdrant", RouteKind.READ)),
+    ],
+)
+def test_every_format_is_asked_and_the_strictest_answer_wins(
+    method: str, path: str, expected: tuple[str, RouteKind]
+) -> None:
+    found = table().classify(Route(method, path))
+    assert found is not None
+    assert (found[0].name, found[1]) == expected
+
+
+def test_a_route_two_formats_would_filter_is_content() -> None:
+    twice = build_format_table(
+        {
+            "one": {
+                "adapter": "generic",
+                "routes": ["POST /x"],
+                "hits": "$[*]",
+                "id": "i",
+                "text": "t",
+            },
+            "two": {
+                "adapter": "generic",
+                "routes": ["POST /x"],
+                "hits": "$[*]",
+                "id": "i",
+                "text": "t",
+            },
+        },
+        {},
+        text_field="text",
+        id_field=None,
+    )
+    assert twice.route_kind(Route("POST", "/x")) is RouteKind.CONTENT
+    assert twice.response_format(Route("POST", "/x")) is None
+
+
+def test_under_a_pinned_prefix_an_unknown_route_is_content() -> None:
+    pinned = build_format_table({}, {"/es": "elasticsearch"}, text_field="t", id_field=None)
+    # Elasticsearch mounted under /es: the prefix is not stripped, so its
+    # search is not recognised, and it must not pass as an unknown read.
+    assert pinned.route_kind(Route("GET", "/es/docs/_search")) is RouteKind.CONTENT
+    # The prefix matches whole segments only.
+    assert pinned.route_kind(Route("GET", "/es-other/x")) is None
+    assert pinned.route_kind(Route("GET", "/es")) is RouteKind.CONTENT

@@ -119,7 +119,7 @@ class RecordingPolicy:
     ("method", "path", "kind"),
     [
         ("POST", "/collections/sops/points/search", "filtered"),
-        ("POST", "/collections/sops/points/count", "read"),
+        ("POST", "/collections/sops/points/count", "content"),
         ("GET", "/collections/sops/snapshots", "content"),
         ("PUT", "/collections/sops/points", "write"),
         ("GET", "/healthz", None),

@@ -1,8 +1,11 @@
 """The Envoy configuration that `retrieval-gate proxy` runs.
 
 Also the reference for operators who bring their own Envoy: the filter chain
-(ext_authz, then ext_proc, then the router) and every fail-closed setting here
-are what a mesh configuration must reproduce.
+(jwt_authn for envoy-jwt identity, then ext_proc, then the router) and every
+fail-closed setting here are what a mesh configuration must reproduce. The
+sidecar admits each request in its ext_proc stream, so one gRPC stream serves
+the whole request; a mesh may put an ext_authz filter (the sidecar serves that
+API too) in front of ext_proc instead, at the cost of a second stream.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from sidecar.config import IdentityMode, Settings
 from sidecar.envoy.ext_proc import IDENTITY_NAMESPACE
 from sidecar.envoy.jwt_authn import jwks_cluster, jwt_authn_filter
 from sidecar.identity.envoy_jwt import JWT_AUTHN_NAMESPACE
+from sidecar.workers import worker_addresses
 
 _TYPE = "type.googleapis.com/"
 SIDECAR_CLUSTER = "retrieval_gate_sidecar"
@@ -68,25 +72,15 @@ def _http_filters(settings: Settings, generated_jwks: Path | None) -> list[dict[
     return [
         *verify_jwt,
         {
-            "name": "envoy.filters.http.ext_authz",
-            "typed_config": {
-                "@type": _TYPE + "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz",
-                "transport_api_version": "V3",
-                "grpc_service": grpc_service,
-                # Sidecar down or slow: refuse the request (503), never let it through.
-                "failure_mode_allow": False,
-                "status_on_error": {"code": "ServiceUnavailable"},
-                # The verified token payload from jwt_authn (envoy-jwt identity).
-                "metadata_context_namespaces": [JWT_AUTHN_NAMESPACE],
-            },
-        },
-        {
             "name": "envoy.filters.http.ext_proc",
             "typed_config": {
                 "@type": _TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
                 "grpc_service": grpc_service,
-                # Stream failure -> 500; true would hand the client the unfiltered body.
+                # Stream failure: refuse (503 before the upstream is called, 500
+                # after); true would let requests through unadmitted and hand the
+                # client unfiltered bodies.
                 "failure_mode_allow": False,
+                "status_on_error": {"code": "ServiceUnavailable"},
                 "message_timeout": _seconds(settings.message_timeout_ms),
                 "allow_mode_override": True,
                 "processing_mode": {
@@ -97,8 +91,11 @@ def _http_filters(settings: Settings, generated_jwks: Path | None) -> list[dict[
                     "request_trailer_mode": "SKIP",
                     "response_trailer_mode": "SKIP",
                 },
-                # The caller identity set by ext_authz reaches ext_proc this way only.
-                "metadata_options": {"forwarding_namespaces": {"untyped": [IDENTITY_NAMESPACE]}},
+                # The verified token payload from jwt_authn (envoy-jwt identity),
+                # and the caller from an ext_authz filter if a mesh puts one first.
+                "metadata_options": {
+                    "forwarding_namespaces": {"untyped": [JWT_AUTHN_NAMESPACE, IDENTITY_NAMESPACE]}
+                },
             },
         },
         {
@@ -212,16 +209,17 @@ def build_bootstrap(
                             "explicit_http_config": {"http2_protocol_options": {}},
                         }
                     },
+                    # One endpoint per worker process; each stream goes to the least busy.
+                    "lb_policy": "LEAST_REQUEST",
                     "load_assignment": {
                         "cluster_name": SIDECAR_CLUSTER,
                         "endpoints": [
                             {
                                 "lb_endpoints": [
-                                    {
-                                        "endpoint": {
-                                            "address": _sidecar_address(settings.grpc_listen)
-                                        }
-                                    }
+                                    {"endpoint": {"address": _sidecar_address(address)}}
+                                    for address in worker_addresses(
+                                        settings.grpc_listen, settings.workers
+                                    )
                                 ]
                             }
                         ],

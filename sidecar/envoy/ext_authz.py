@@ -1,6 +1,9 @@
-"""Envoy external authorization servicer: the request path.
+"""Envoy external authorization servicer: the request path, for meshes that use ext_authz.
 
-Translates a CheckRequest into an :class:`~sidecar.identity.AuthRequest`, lets
+The generated Envoy configuration admits requests in the ext_proc stream (one
+gRPC stream per request instead of two). This service is for platforms whose
+mesh speaks ext_authz (e.g. an Istio extension provider) in front of the
+ext_proc filter. Translates a CheckRequest into an :class:`~sidecar.identity.AuthRequest`, lets
 :class:`~sidecar.access.RequestAccess` decide, and answers with the caller as
 Envoy dynamic metadata (namespace ``envoy.filters.http.ext_authz``, which Envoy
 forwards to ext_proc) or with a 401/403. Headers are never the carrier: a
@@ -12,7 +15,6 @@ from __future__ import annotations
 import logging
 
 import grpc
-import orjson
 from google.protobuf import json_format, struct_pb2
 
 from sidecar.access import AccessDenied, RequestAccess
@@ -49,9 +51,6 @@ def auth_request(request: authz.CheckRequest) -> AuthRequest:
 
 
 def _denied(exc: AccessDenied) -> authz.CheckResponse:
-    body: dict[str, object] = {"error": exc.code}
-    if exc.reasons:
-        body["reasons"] = list(exc.reasons)
     return authz.CheckResponse(
         status=authz.RpcStatus(code=_GRPC_CODE.get(exc.status, _UNAVAILABLE), message=exc.code),
         denied_response=authz.DeniedHttpResponse(
@@ -61,7 +60,7 @@ def _denied(exc: AccessDenied) -> authz.CheckResponse:
                     header=core.HeaderValue(key="content-type", raw_value=b"application/json")
                 )
             ],
-            body=orjson.dumps(body).decode(),
+            body=exc.body().decode(),
         ),
     )
 

@@ -1,14 +1,18 @@
-"""Envoy External Processing servicer: the response path.
+"""Envoy External Processing servicer: the request path and the response path.
 
-One gRPC stream per HTTP request. The stream sees the request headers (route,
-request id, the caller identity that ext_authz put in dynamic metadata), then
-the response headers (status, encoding), then the whole response body
-(BUFFERED mode). Everything about what to do with a body lives in
-:class:`~sidecar.enforcement.ResponseFilter`; this module only translates.
+One gRPC stream per HTTP request. The request headers come first: the stream
+establishes the caller (or reads the caller an ext_authz filter put in dynamic
+metadata), asks the request policy, strips client identity headers and, for
+routes whose responses it does not read, tells Envoy to send nothing more.
+On search routes it then sees the response headers (status, encoding) and the
+whole response body (BUFFERED). What to do with a body lives in
+:class:`~sidecar.enforcement.ResponseFilter`, who may call in
+:class:`~sidecar.access.RequestAccess`; this module only translates.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf import json_format
 
-from sidecar.access import path_problem
+from sidecar.access import AccessDenied, RequestAccess, path_problem
 from sidecar.content_encoding import UndecodableBody, decode, parse_content_encoding
 from sidecar.enforcement import FilterResult, ResponseFilter
 from sidecar.envoy.messages import header_dict, immediate, set_headers
@@ -27,19 +31,32 @@ from sidecar.formats import (
     ResponseFormat,
     Route,
 )
-from sidecar.identity import Caller, IdentityError
+from sidecar.identity import AuthRequest, Caller, IdentityError
 from sidecar.wire import envoy_processing_mode_pb2 as processing_mode
 from sidecar.wire import ext_proc_pb2 as ext_proc
 from sidecar.wire import ext_proc_pb2_grpc as ext_proc_grpc
 
 log = logging.getLogger(__name__)
 
+# Where an ext_authz filter in front (a mesh's, or the sidecar's own
+# Authorization service) leaves the caller it established.
 IDENTITY_NAMESPACE = "envoy.filters.http.ext_authz"
 
 _CONTINUE = ext_proc.CommonResponse()
 # Sent with the response-headers answer for responses the gate will not read,
 # so Envoy neither buffers nor sends their bodies (needs allow_mode_override).
 _SKIP_BODY = processing_mode.ProcessingMode(response_body_mode=processing_mode.ProcessingMode.NONE)
+# Sent with the request-headers answer on routes the gate does not filter: the
+# stream ends there, one message for the whole request. An override replaces
+# the whole mode, so every field is spelled out.
+_NOTHING_MORE = processing_mode.ProcessingMode(
+    request_header_mode=processing_mode.ProcessingMode.SEND,
+    response_header_mode=processing_mode.ProcessingMode.SKIP,
+    request_body_mode=processing_mode.ProcessingMode.NONE,
+    response_body_mode=processing_mode.ProcessingMode.NONE,
+    request_trailer_mode=processing_mode.ProcessingMode.SKIP,
+    response_trailer_mode=processing_mode.ProcessingMode.SKIP,
+)
 # Sent with the request-headers answer when the gate rewrites the query. An
 # override replaces the whole mode, so every field is spelled out.
 _WITH_REQUEST_BODY = processing_mode.ProcessingMode(
@@ -59,7 +76,8 @@ class _Exchange:
     route: Route | None = None
     request_id: str = ""
     caller: Caller | None = None
-    identity_error: IdentityError | None = None
+    identity_error: IdentityError | None = None  # ext_authz metadata that did not read
+    metadata: dict[str, dict[str, object]] | None = None  # forwarded filter metadata
     fmt: ResponseFormat | None = None  # set while the response body must be filtered
     rewriter: RequestRewriter | None = None  # set when the request body is to be rewritten
     rewrite: RequestRewrite | None = None  # what the rewrite did, for the response side
@@ -67,9 +85,12 @@ class _Exchange:
 
 
 class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
-    def __init__(self, response_filter: ResponseFilter, *, max_body_bytes: int) -> None:
+    def __init__(
+        self, response_filter: ResponseFilter, access: RequestAccess, *, max_body_bytes: int
+    ) -> None:
         """``max_body_bytes`` bounds a compressed body once decoded (Envoy bounds it as sent)."""
         self._filter = response_filter
+        self._access = access
         self._max_body_bytes = max_body_bytes
 
     async def Process(
@@ -90,11 +111,11 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
     async def _handle(
         self, exchange: _Exchange, request: ext_proc.ProcessingRequest
     ) -> ext_proc.ProcessingResponse:
-        if request.HasField("metadata_context") and exchange.caller is None:
-            self._read_identity(exchange, request)
+        if request.HasField("metadata_context") and exchange.metadata is None:
+            self._read_metadata(exchange, request)
         kind = request.WhichOneof("request")
         if kind == "request_headers":
-            return self._on_request_headers(exchange, request.request_headers)
+            return await self._on_request_headers(exchange, request.request_headers)
         if kind == "response_headers":
             return self._on_response_headers(exchange, request.response_headers)
         if kind == "response_body":
@@ -106,17 +127,18 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         return ext_proc.ProcessingResponse(response_trailers=ext_proc.TrailersResponse())
 
     @staticmethod
-    def _read_identity(exchange: _Exchange, request: ext_proc.ProcessingRequest) -> None:
+    def _read_metadata(exchange: _Exchange, request: ext_proc.ProcessingRequest) -> None:
         namespaces = request.metadata_context.filter_metadata
-        if IDENTITY_NAMESPACE not in namespaces:
-            return
-        data = json_format.MessageToDict(namespaces[IDENTITY_NAMESPACE])
-        try:
-            exchange.caller = Caller.from_metadata(data)
-        except IdentityError as exc:
-            exchange.identity_error = exc
+        exchange.metadata = {
+            name: json_format.MessageToDict(value) for name, value in namespaces.items()
+        }
+        if IDENTITY_NAMESPACE in exchange.metadata:
+            try:
+                exchange.caller = Caller.from_metadata(exchange.metadata[IDENTITY_NAMESPACE])
+            except IdentityError as exc:
+                exchange.identity_error = exc
 
-    def _on_request_headers(
+    async def _on_request_headers(
         self, exchange: _Exchange, message: ext_proc.HttpHeaders
     ) -> ext_proc.ProcessingResponse:
         headers = header_dict(message.headers)
@@ -124,21 +146,37 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         exchange.route = Route(method=headers.get(":method", "GET"), path=path)
         exchange.request_id = headers.get("x-request-id", "")
         if path_problem(path) is not None:
-            # ext_authz refuses these already; never guess what such a path means.
+            # Admission refuses these too; an ext_authz in front should have.
             return immediate(400, b'{"error":"path_not_canonical"}', "retrieval_gate_bad_path")
-        exchange.fmt = self._filter.format_for(exchange.route)
         mutation = ext_proc.HeaderMutation()
-        if exchange.fmt is not None:
-            if exchange.caller is None:
-                # ext_authz should have refused already; without a verified caller
-                # there is nobody to filter for, so nothing is served.
-                error = exchange.identity_error
-                log.warning("no caller identity on a search route (%s)", error or "no metadata")
-                return immediate(401, b'{"error":"identity_missing"}', "retrieval_gate_no_identity")
-            # A compressed body cannot be inspected, so ask upstream for identity encoding.
-            mutation.remove_headers.append("accept-encoding")
-            if not message.end_of_stream:
-                exchange.rewriter = self._filter.rewriter_for(exchange.fmt, exchange.route)
+        if exchange.identity_error is not None:
+            # An ext_authz in front admitted the request but left no readable caller.
+            log.warning("unreadable caller identity in metadata: %s", exchange.identity_error)
+            return immediate(401, b'{"error":"identity_missing"}', "retrieval_gate_no_identity")
+        if exchange.caller is None:
+            # No ext_authz in front: the request is admitted here, before the upstream.
+            try:
+                admission = await self._access.admit(
+                    AuthRequest(exchange.route.method, path, headers, exchange.metadata or {})
+                )
+            except AccessDenied as exc:
+                log.info("request refused: %s %s", exc.status, exc.code)
+                return immediate(exc.status, exc.body(), f"retrieval_gate_{exc.code}")
+            exchange.caller = admission.caller
+            mutation.remove_headers.extend(admission.strip_headers)
+        exchange.fmt = self._filter.format_for(exchange.route)
+        if exchange.fmt is None:
+            self._filter.count_passthrough("none")
+            return ext_proc.ProcessingResponse(
+                request_headers=ext_proc.HeadersResponse(
+                    response=ext_proc.CommonResponse(header_mutation=mutation)
+                ),
+                mode_override=_NOTHING_MORE,
+            )
+        # Ask for an uncompressed body; one that comes compressed anyway is decoded.
+        mutation.remove_headers.append("accept-encoding")
+        if not message.end_of_stream:
+            exchange.rewriter = self._filter.rewriter_for(exchange.fmt, exchange.route)
         response = ext_proc.ProcessingResponse(
             request_headers=ext_proc.HeadersResponse(
                 response=ext_proc.CommonResponse(header_mutation=mutation)
@@ -179,7 +217,7 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         fmt = exchange.fmt
         status = headers.get(":status", "")
         if fmt is None or not status.startswith("2") or message.end_of_stream:
-            # Not a search, or an upstream error: the client gets it untouched.
+            # An upstream error or an empty answer: the client gets it untouched.
             self._filter.count_passthrough(fmt.name if fmt else "none")
             exchange.fmt = None
             return ext_proc.ProcessingResponse(
@@ -228,6 +266,7 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         if fmt is None or route is None:
             return ext_proc.ProcessingResponse(response_body=ext_proc.BodyResponse())
         if caller is None:
+            # Every admitted request has a caller; this stream skipped its headers.
             return immediate(401, b'{"error":"identity_missing"}', "retrieval_gate_no_identity")
         if not message.end_of_stream:
             # Only BUFFERED mode hands over the whole body; passing a part on
@@ -237,7 +276,8 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         body = message.body
         if exchange.codings:
             try:
-                body = decode(body, exchange.codings, self._max_body_bytes)
+                # In a thread: decoding a large body must not stall every other stream.
+                body = await asyncio.to_thread(decode, body, exchange.codings, self._max_body_bytes)
             except UndecodableBody as exc:
                 return self._unreadable(
                     exchange,

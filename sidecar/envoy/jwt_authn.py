@@ -2,7 +2,7 @@
 
 The filter verifies the bearer token's signature and time claims and puts
 either the verified payload or the failure status in filter metadata, which
-the ext_authz filter forwards to the sidecar (``metadata_context_namespaces``).
+the ext_proc filter forwards to the sidecar (``metadata_options``).
 It never refuses a request itself (``allow_missing_or_failed``): the sidecar
 answers every identity failure, with the same 401 and machine-readable reason
 in every mode, and without a verified payload nothing is admitted.

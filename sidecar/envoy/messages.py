@@ -10,12 +10,18 @@ from sidecar.wire import ext_proc_pb2 as ext_proc
 
 
 def header_dict(header_map: core.HeaderMap) -> dict[str, str]:
-    """Headers as a dict of lowercase names; repeated headers keep the last value."""
-    # Envoy fills raw_value (bytes) and leaves value empty in recent versions.
-    return {
-        h.key.lower(): (h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
-        for h in header_map.headers
-    }
+    """Headers as a dict of lowercase names; repeated headers joined with ", " (RFC 9110).
+
+    Joining matters for list headers the gate acts on: two content-encoding
+    lines mean two codings, and reading only one would misdecode the body.
+    """
+    headers: dict[str, str] = {}
+    for h in header_map.headers:
+        # Envoy fills raw_value (bytes) and leaves value empty in recent versions.
+        value = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+        name = h.key.lower()
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
 
 
 def set_headers(headers: Mapping[str, str]) -> list[core.HeaderValueOption]:

@@ -47,27 +47,31 @@ __all__ = [
     "Unreleasable",
     "WeaviateFormat",
     "classify",
-    "detect",
 ]
+
+
+# For routes that several formats claim: the strictest answer wins.
+_STRICTNESS = {RouteKind.READ: 0, RouteKind.WRITE: 1, RouteKind.CONTENT: 2}
 
 
 def classify(
     route: Route, formats: Sequence[ResponseFormat]
 ) -> tuple[ResponseFormat, RouteKind] | None:
-    """The first of ``formats`` that knows ``route``, and what the route does.
+    """The format that owns ``route`` and what the route does; None if no format knows it.
 
-    Order matters when formats overlap: list the most specific first.
+    Every format is asked, because the databases' path spaces overlap at the
+    edges (an Elasticsearch index named ``collections`` looks like Qdrant's
+    collection routes). A route that exactly one format filters is that
+    format's. Otherwise the strictest answer wins (content over write over
+    read), and a route that two formats would filter is content: the gate
+    cannot tell which body it will get.
     """
-    for fmt in formats:
-        kind = fmt.route_kind(route)
-        if kind is not None:
-            return fmt, kind
-    return None
-
-
-def detect(route: Route, formats: Sequence[ResponseFormat]) -> ResponseFormat | None:
-    """The format whose responses on ``route`` must be filtered, or None to pass them."""
-    found = classify(route, formats)
-    if found is None or found[1] is not RouteKind.FILTERED:
+    claims = [(fmt, kind) for fmt in formats if (kind := fmt.route_kind(route)) is not None]
+    if not claims:
         return None
-    return found[0]
+    filtering = [claim for claim in claims if claim[1] is RouteKind.FILTERED]
+    if len(filtering) == 1:
+        return filtering[0]
+    if filtering:
+        return filtering[0][0], RouteKind.CONTENT
+    return max(claims, key=lambda claim: _STRICTNESS[claim[1]])

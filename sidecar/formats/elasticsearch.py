@@ -100,7 +100,9 @@ class _Rule(Enum):
 
 
 # Every API of Elasticsearch 9 and OpenSearch 3 (with its plugins), by rule.
-# CONTENT: _graph returns terms of documents, _insights other callers'
+# CONTENT: _count answers how many documents match any query (rejected ones
+# included: an oracle for their text), _validate rewrites queries with terms
+# read from documents, _graph returns terms of documents, _insights other callers'
 # queries, _mvt hit fields, _rank_eval per-query hits, _terms_enum field
 # values, _snapshot a whole index past every per-chunk check. DERIVED: _ml
 # results and category examples quote documents, _text_structure samples an
@@ -110,8 +112,8 @@ class _Rule(Enum):
 # fmt: off
 _APIS: Final[Mapping[_Rule, tuple[str, ...]]] = {
     _Rule.READ: (
-        "_analyze", "_cat", "_count", "_disk_usage", "_field_caps", "_pit", "_render",
-        "_resolve", "_search_shards", "_validate",
+        "_analyze", "_cat", "_disk_usage", "_field_caps", "_pit", "_render",
+        "_resolve", "_search_shards",
     ),
     _Rule.WRITE: (
         "_bulk", "_create", "_create_from", "_delete_by_query", "_update", "_update_by_query",
@@ -120,7 +122,7 @@ _APIS: Final[Mapping[_Rule, tuple[str, ...]]] = {
     _Rule.CONTENT: (
         "_async_search", "_eql", "_explain", "_graph", "_insights", "_mget", "_mtermvectors",
         "_mvt", "_query", "_rank_eval", "_rollup_search", "_snapshot", "_sql", "_terms_enum",
-        "_termvectors",
+        "_termvectors", "_count", "_validate",
         "_plugins/_asynchronous_search", "_plugins/_ppl", "_plugins/_sql",
     ),
     _Rule.DERIVED: (
@@ -401,6 +403,8 @@ class _Renderer:
                 out[key] = hits_object
             elif key == "max_score":
                 out[key] = _max_score(value, hits)
+            elif key in _COUNTS_ONLY:
+                out[key] = _counts(value)
             elif (
                 key in _KEPT_KEYS
                 or (key == "aggregations" and options.aggregations == "keep")
@@ -440,6 +444,30 @@ class _Renderer:
             }
 
 
+# Shard and cluster statistics: their counts stay, their failure lists go
+# (a failure's reason can quote a document, e.g. a script error on a hit the
+# gate removed).
+_COUNTS_ONLY: Final = frozenset({"_shards", "_clusters"})
+
+
+def _counts(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    return {
+        k: v for k, v in value.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+
+
+def _error_item(item: Any) -> Any:
+    """A multi-search error item as sent on: its status and error type, not its reason text."""
+    error = item.get("error") if isinstance(item, dict) else None
+    kind = error.get("type") if isinstance(error, dict) else None
+    out: dict[str, Any] = {"error": {"type": kind if isinstance(kind, str) else "error"}}
+    if isinstance(item, dict) and "status" in item:
+        out["status"] = item["status"]
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class _ElasticsearchBody:
     candidates: Sequence[Candidate]
@@ -469,7 +497,7 @@ class _ElasticsearchBody:
         if self._single is not None:
             return orjson.dumps(renderer.response(self._single))
         responses = [
-            renderer.response(item) if item is not None else original
+            renderer.response(item) if item is not None else _error_item(original)
             for item, original in zip(self._items, self._document["responses"], strict=True)
         ]
         # A multi-search body has nothing else to say about its searches.
@@ -542,8 +570,14 @@ class ElasticsearchFormat:
         method = route.method.upper()
         endpoint = _endpoint(route.path)
         if endpoint is None:
-            is_root = not [segment for segment in route.path.split("/") if segment]
-            return RouteKind.READ if is_root and method in ("GET", "HEAD") else None
+            segments = [segment for segment in route.path.split("/") if segment]
+            if not segments:
+                return RouteKind.READ if method in ("GET", "HEAD") else None
+            if any(_API_SEGMENT.fullmatch(segment) for segment in segments[2:]):
+                # A typed path (/{index}/{type}/_search, /{index}/{type}/{id}/_source)
+                # that compatibility mode still serves: nothing the gate reads.
+                return RouteKind.CONTENT
+            return None
         return _kind(method, *endpoint)
 
     def parse(self, body: bytes, route: Route) -> ParsedBody:

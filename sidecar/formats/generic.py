@@ -85,21 +85,21 @@ class _RouteTemplate:
                     "nor a whole-segment {placeholder}"
                 )
             else:
-                segments.append(segment.casefold())
+                segments.append(segment)
         return cls(method.upper(), tuple(segments))
 
     def matches(self, route: Route) -> bool:
-        """Method and path match; literals ignore case and one trailing slash is ignored.
+        """Method and path match exactly (case included); one trailing slash is ignored.
 
-        An API server that routes case-insensitively or with a trailing slash
-        would otherwise serve a configured route under a path the gate does not
-        recognise, unfiltered; matching too much only makes the gate read a body.
+        Case is not folded so that a route matches exactly when the per-route
+        settings (``routes`` prefixes: modes) match it; a case variant is a
+        route no format knows, which the request policy refuses.
         """
         if route.method.upper() != self.method or not route.path.startswith("/"):
             return False
         segments = route.path.removesuffix("/").split("/")[1:]
         return len(segments) == len(self.segments) and all(
-            bool(segment) if expected is None else segment.casefold() == expected
+            bool(segment) if expected is None else segment == expected
             for segment, expected in zip(segments, self.segments, strict=True)
         )
 

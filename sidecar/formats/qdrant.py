@@ -17,7 +17,7 @@ Search requests are rewritten by ``qdrant_request``.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
@@ -46,14 +46,14 @@ class _Selection:
         text_field: str,
         id_field: str | None,
     ) -> None:
-        self._keep = keep
+        self.keep = keep
         self._replacements = replacements
         self._text_field = text_field
         self._id_field = id_field
         self.released: list[int] = []  # positions rendered, in body order
 
     def __contains__(self, position: object) -> bool:
-        return position in self._keep
+        return position in self.keep
 
     def hit(self, position: int, item: Any) -> Any:
         """The hit as rendered: itself, or a copy carrying its substitute."""
@@ -92,6 +92,25 @@ class _Hits:
         self._id_field = id_field
 
     def add(self, hit: Any) -> int:
+        # Fast path for the common, well-formed hit as orjson decodes it (exact
+        # types: a bool is no id); anything else takes the checks below, which
+        # accept the same hits and name the problem with the others.
+        if type(hit) is dict:
+            payload = hit.get("payload")
+            if type(payload) is dict:
+                raw_id = hit.get("id") if self._id_field is None else payload.get(self._id_field)
+                text = payload.get(self._text_field)
+                if type(text) is str:
+                    if type(raw_id) is int:
+                        raw_id = str(raw_id)
+                    if type(raw_id) is str and raw_id:
+                        position = len(self.candidates)
+                        self.candidates.append(Candidate(position, raw_id, text))
+                        return position
+        return self.add_checked(hit)
+
+    def add_checked(self, hit: Any) -> int:
+        """``add`` without its fast path: every check, with the problem named."""
         if not isinstance(hit, dict):
             raise MalformedBody("a point is not a JSON object")
         position = len(self.candidates)
@@ -277,7 +296,10 @@ _POST_SHAPES: Final[Mapping[str, _Shape]] = {
 }
 _GET_POINT_SHAPE: Final = _single(_single_point)
 # POSTs under /collections/{c}/points that read without returning points.
-_READS: Final = frozenset({"count"})
+# POSTs under /collections/{c}/points that change points (the rest read).
+_WRITES: Final = frozenset(
+    {"delete", "payload", "payload/delete", "payload/clear", "vectors", "vectors/delete", "batch"}
+)
 
 
 def _points_path(route: Route) -> list[str] | None:
@@ -315,6 +337,9 @@ class _QdrantBody:
     _result: _Result
     _text_field: str
     _id_field: str | None
+    # ((keep, limits), released positions) of the last render: released_positions
+    # after a render (the usual call order) need not render again.
+    _last_release: list[Any] = field(default_factory=list)
 
     def render(
         self,
@@ -330,9 +355,11 @@ class _QdrantBody:
         a ``retrieval_gate_substituted_for`` payload field naming the chunk it
         replaced; see ``ParsedBody.render``.
         """
-        result = self._result.render(
-            self._selection(keep, replacements), self._checked_limits(limits)
-        )
+        checked = self._checked_limits(limits)
+        selection = self._selection(keep, replacements)
+        result = self._result.render(selection, checked)
+        # Replacements change what a hit carries, never which hits go out.
+        self._last_release[:] = [(selection.keep, tuple(checked)), selection.released]
         envelope = dict(self._envelope)
         if result is None:
             del envelope["result"]
@@ -344,8 +371,12 @@ class _QdrantBody:
         self, keep: Collection[int], limits: Sequence[int | None] | None = None
     ) -> list[int]:
         """The positions ``render`` would send, in body order (trimming included)."""
+        checked = self._checked_limits(limits)
+        last = self._last_release
+        if last and last[0] == (frozenset(keep), tuple(checked)):
+            return list(last[1])
         selection = self._selection(keep, None)
-        self._result.render(selection, self._checked_limits(limits))
+        self._result.render(selection, checked)
         return selection.released
 
     def _checked_limits(self, limits: Sequence[int | None] | None) -> Sequence[int | None]:
@@ -395,8 +426,12 @@ class QdrantFormat:
             return RouteKind.CONTENT
         if len(segments) < 3 or segments[1] != "collections":
             return None
-        if route.method.upper() in ("GET", "HEAD") or _search_endpoint(route) in _READS:
+        if route.method.upper() in ("GET", "HEAD"):
             return RouteKind.READ
+        if route.method.upper() == "POST" and _search_endpoint(route) not in _WRITES:
+            # count (a match oracle), facet (payload values across every point),
+            # search/matrix: reads the gate does not filter.
+            return RouteKind.CONTENT
         return RouteKind.WRITE
 
     def parse(self, body: bytes, route: Route) -> ParsedBody:

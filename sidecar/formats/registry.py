@@ -52,11 +52,17 @@ class FormatTable:
                 raise ValueError(f"route {prefix!r}: no enabled format is named {name!r}")
 
     def classify(self, route: Route) -> tuple[ResponseFormat, RouteKind] | None:
-        """The format that knows ``route``, and what the route does; None if none knows it."""
-        prefix = max((p for p in self._pinned if route.path.startswith(p)), key=len, default=None)
+        """The format that knows ``route``, and what the route does; None if none knows it.
+
+        Under a pinned prefix only the pinned format is asked, and a route it
+        does not know is content: the prefix says what is behind it, so an
+        unrecognised route there is not just any unknown route.
+        """
+        prefix = max((p for p in self._pinned if _under(route.path, p)), key=len, default=None)
         if prefix is None:
             return classify(route, self.formats)
-        return classify(route, [self._by_name[self._pinned[prefix]]])
+        pinned = self._by_name[self._pinned[prefix]]
+        return classify(route, [pinned]) or (pinned, RouteKind.CONTENT)
 
     def route_kind(self, route: Route) -> RouteKind | None:
         """What ``route`` does, by the format that knows it; None if none does."""
@@ -69,6 +75,13 @@ class FormatTable:
         if found is None or found[1] is not RouteKind.FILTERED:
             return None
         return found[0]
+
+
+def _under(path: str, prefix: str) -> bool:
+    """True when ``path`` is ``prefix`` or below it, segment by segment."""
+    if not path.startswith(prefix):
+        return False
+    return prefix.endswith("/") or len(path) == len(prefix) or path[len(prefix)] == "/"
 
 
 def build_format_table(

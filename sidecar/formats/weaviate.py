@@ -360,8 +360,12 @@ class _Selection:
         value = rendered[carrier]
         assert value is not None
         own = _generate_of(value) or {}
-        # The slot keeps the shape the query selected; its text goes, the error says why.
-        generate = {**dict.fromkeys(first), **own, "groupedResult": None}
+        # The slot keeps the shape the query selected; its text goes, the error says
+        # why. Of the carrier's own values only its single answer stays: anything
+        # else there (a provider's token counts) may describe the grouped answer.
+        generate = {**dict.fromkeys(first), **dict.fromkeys(own), "groupedResult": None}
+        if "singleResult" in own:
+            generate["singleResult"] = own["singleResult"]
         generate["error"] = GENERATIVE_WITHHELD
         additional = value.get("_additional") or {}
         rendered[carrier] = {**value, "_additional": {**additional, "generate": generate}}

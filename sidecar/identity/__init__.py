@@ -1,9 +1,10 @@
 """The caller: who is asking, as established from verified identity.
 
-Providers turn what Envoy's ext_authz sees of a request (headers and the
+Providers turn what the sidecar sees of a request's headers (headers and the
 filter metadata of earlier filters, such as ``jwt_authn``) into a
-:class:`Caller`. The caller then travels to the response path only as Envoy
-dynamic metadata, never as a header a client or upstream could set.
+:class:`Caller`. The caller stays with the request's ext_proc stream (or, when
+a mesh's ext_authz filter admits requests, travels as Envoy dynamic metadata),
+never as a header a client or upstream could set.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class Caller:
 
 @dataclass(frozen=True, slots=True)
 class AuthRequest:
-    """What ext_authz knows about a request, protocol-free."""
+    """What the sidecar knows about a request before it is sent upstream, protocol-free."""
 
     method: str
     path: str
@@ -73,7 +74,7 @@ class AuthRequest:
 
 
 class IdentityProvider(Protocol):
-    """Turns a request, as Envoy's ext_authz sees it, into a Caller."""
+    """Turns a request, as the sidecar sees its headers, into a Caller."""
 
     @property
     def strip_headers(self) -> tuple[str, ...]:

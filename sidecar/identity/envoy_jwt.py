@@ -2,8 +2,8 @@
 
 Envoy has already verified the token's signature, ``exp`` and ``nbf`` and put
 either its claims (``payload_in_metadata``) or why it failed
-(``failed_status_in_metadata``) in filter metadata, which ext_authz forwards
-to the sidecar (``metadata_context_namespaces``). A client cannot write filter
+(``failed_status_in_metadata``) in filter metadata, which the ext_proc filter
+forwards to the sidecar (``metadata_options``). A client cannot write filter
 metadata, so a payload found there is as trustworthy as Envoy's verification.
 
 jwt_authn is configured never to refuse on its own, so that every identity

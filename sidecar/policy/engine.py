@@ -15,6 +15,15 @@ class PolicyError(Exception):
 
 
 class PolicyEngine(Protocol):
+    """A chunk policy engine.
+
+    An engine may also have a ``time_pure`` attribute: ``True`` when the loaded
+    policy declares that its verdicts may be cached per (caller, record) until
+    the record's next validity boundary (policies/README.md, "Verdict cache").
+    The gate reads it with a default of ``False``, so engines without it are
+    evaluated for every chunk of every response.
+    """
+
     @property
     def version(self) -> str:
         """Identifies the loaded policy (a digest of its sources) for audit records."""

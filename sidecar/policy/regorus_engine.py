@@ -24,6 +24,21 @@ from sidecar.policy.engine import PolicyError
 DEFAULT_QUERY = "data.retrieval_gate.chunks.reasons"
 _TEST_SUFFIX = "_test.rego"
 
+# The rule, next to the reasons rule in its package, by which a chunk policy
+# declares that its verdicts may be cached (policies/README.md, "Verdict cache").
+TIME_PURE_RULE = "time_pure"
+# Builtins whose result depends on more than their arguments (the clock, chance,
+# the network, the runtime), or that turn a time into calendar facts: a policy
+# calling any of them cannot be time-pure, whatever it declares.
+_IMPURE_BUILTIN_PREFIXES = (
+    "time.",
+    "rand.",
+    "uuid.rfc4122",
+    "http.send",
+    "net.lookup_ip_addr",
+    "opa.runtime",
+)
+
 # The input the chunk rule is validated with at load time: a well-formed empty batch.
 _EMPTY_BATCH = {
     "caller": {"tenant": "", "principals": [], "drafts_allowed": False},
@@ -31,6 +46,8 @@ _EMPTY_BATCH = {
     "chunks": [],
 }
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A rule path whose last segment is a plain name: its package is the part before it.
+_SIBLING = re.compile(r"(.+)\.[A-Za-z_][A-Za-z0-9_]*")
 
 # Regorus errors carry a Rust backtrace after the message; the location line
 # (`--> file:line:col`) names policy source only, never input values.
@@ -199,6 +216,52 @@ class CompiledPolicy:
         except BaseException as exc:
             raise PolicyError(f"{query}: {engine_error_message(exc)}") from None
 
+    def declared(self, path: str, sample_input: Mapping[str, Any]) -> Any:
+        """The value of the rule at ``path`` for ``sample_input``; None when no
+        such rule exists or it is undefined for that input.
+
+        Raises PolicyError (with the engine's message) when evaluation fails.
+        """
+        engine = self._thread_engine()
+        try:
+            engine.set_input_json(orjson.dumps(sample_input).decode())
+            answer = engine.eval_query(path)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            raise PolicyError(f"{path}: {engine_error_message(exc)}") from None
+        results = answer.get("result") if isinstance(answer, dict) else None
+        if not results:
+            return None
+        try:
+            return results[0]["expressions"][0]["value"]
+        except (KeyError, IndexError, TypeError):
+            raise PolicyError(f"{path}: unexpected answer from the engine") from None
+
+    def called_functions(self) -> set[str]:
+        """Names of every function the sources call (``time.now_ns``, ``data.p.f`` ...).
+
+        Raises PolicyError when the engine's AST cannot be read.
+        """
+        try:
+            modules = orjson.loads(self._thread_engine().get_ast_as_json())
+        except (orjson.JSONDecodeError, TypeError) as exc:
+            raise PolicyError(f"cannot read the regorus AST: {exc!r}") from exc
+        names: set[str] = set()
+        stack: list[Any] = [modules]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, dict):
+                call = node.get("Call")
+                if isinstance(call, dict):
+                    name = _function_name(call.get("fcn"))
+                    if name is not None:
+                        names.add(name)
+                stack.extend(node.values())
+            elif isinstance(node, list):
+                stack.extend(node)
+        return names
+
     def _thread_engine(self) -> Any:
         engines = _thread_engines()
         engine = engines.get(self._digest)
@@ -230,6 +293,7 @@ class RegorusEngine:
         self._policy = CompiledPolicy(sources, data=data)
         self._query = query
         _reasons(self._policy.probe(query, _EMPTY_BATCH), set(), query)
+        self._time_pure = _time_pure(self._policy, query)
 
     @classmethod
     def from_directory(
@@ -247,6 +311,15 @@ class RegorusEngine:
         """``sha256:`` and 16 hex digits of a digest over the sources and the data."""
         return self._policy.version
 
+    @property
+    def time_pure(self) -> bool:
+        """True when the policy declares ``time_pure := true`` next to its reasons rule.
+
+        The gate then caches each chunk's reasons until the chunk's next
+        validity boundary (policies/README.md, "Verdict cache").
+        """
+        return self._time_pure
+
     def evaluate(self, policy_input: Mapping[str, Any]) -> dict[str, list[str]]:
         """Reasons per chunk id for one batch (see policies/README.md).
 
@@ -257,6 +330,55 @@ class RegorusEngine:
         expected_ids = _chunk_ids(policy_input)
         result = self._policy.evaluate(self._query, policy_input)
         return _reasons(result, expected_ids, self._query)
+
+
+def time_pure_rule(query: str) -> str | None:
+    """Where the policy whose reasons rule is ``query`` declares itself time-pure.
+
+    ``data.a.b.reasons`` -> ``data.a.b.time_pure``; None when ``query`` does not
+    end in a plain rule name.
+    """
+    match = _SIBLING.fullmatch(query)
+    return f"{match.group(1)}.{TIME_PURE_RULE}" if match else None
+
+
+def _time_pure(policy: CompiledPolicy, query: str) -> bool:
+    """Whether the policy declares itself time-pure; PolicyError for a declaration
+    that is not a boolean, or that its own sources contradict."""
+    rule = time_pure_rule(query)
+    if rule is None:
+        return False
+    declared = policy.declared(rule, _EMPTY_BATCH)
+    if declared is None or declared is False:
+        return False
+    if declared is not True:
+        raise PolicyError(f"{rule} must be true or false")
+    impure = sorted(
+        name for name in policy.called_functions() if name.startswith(_IMPURE_BUILTIN_PREFIXES)
+    )
+    if impure:
+        raise PolicyError(
+            f"{rule} is true, but the policy calls {', '.join(impure)}: its verdicts depend "
+            "on more than the chunk, the caller and the chunk's validity interval"
+        )
+    return True
+
+
+def _function_name(node: Any) -> str | None:
+    # A called function is a Var (`f`) or a chain of RefDot (`time.now_ns`,
+    # `data.p.f`); anything else (an index into a rule) has no static name.
+    if not isinstance(node, dict):
+        return None
+    if isinstance(var := node.get("Var"), dict):
+        value = var.get("value")
+        return value if isinstance(value, str) else None
+    if isinstance(ref := node.get("RefDot"), dict):
+        head = _function_name(ref.get("refr"))
+        field = ref.get("field")
+        if head is None or not isinstance(field, list) or len(field) != 2:
+            return None
+        return f"{head}.{field[1]}" if isinstance(field[1], str) else None
+    return None
 
 
 def _thread_engines() -> OrderedDict[str, Any]:
