@@ -353,6 +353,22 @@ def start_gate(
     return stack
 
 
+def _listening(address: str) -> bool:
+    """Whether something accepts connections at a gRPC address (unix:/path or host:port)."""
+    target: str | tuple[str, int]
+    if address.startswith("unix:"):
+        family, target = socket.AF_UNIX, address.removeprefix("unix:")
+    else:
+        host, _, port = address.rpartition(":")
+        family, target = socket.AF_INET, (host.strip("[]"), int(port))
+    with socket.socket(family) as s:
+        try:
+            s.connect(target)
+        except OSError:
+            return False
+    return True
+
+
 def start_floor(
     processes: Processes,
     name: str,
@@ -377,7 +393,8 @@ def start_floor(
     command = [sys.executable, str(FLOOR_SERVICER)]
     command += ["--max-message-bytes", str(settings.grpc_max_message_bytes)]
     command += ["--echo-body"] if echo_body else []
-    command += worker_addresses(settings.grpc_listen, workers)
+    addresses = worker_addresses(settings.grpc_listen, workers)
+    command += addresses
     # "-sidecar" in the log name: Processes.warnings() reports what it logged.
     servicer = processes.spawn(f"{name}-sidecar", command)
     gated, plain = free_port(), free_port()
@@ -398,7 +415,11 @@ def start_floor(
         if servicer.poll() is not None:
             raise SidecarExited(f"floor {name}: {processes.log_tail(f'{name}-sidecar')}")
         try:
-            return http(stack.gated + probe_path, SEARCH_BODY.encode())[0] == 200
+            # Every process must listen: Envoy spreads streams over all of them.
+            return (
+                all(_listening(address) for address in addresses)
+                and http(stack.gated + probe_path, SEARCH_BODY.encode())[0] == 200
+            )
         except (OSError, http_client.HTTPException):
             # Until the servicer listens, Envoy may cut a response short.
             return False
