@@ -16,7 +16,7 @@ from sidecar.config import ConfigError, IdentityMode, Mode, Settings, load_setti
 from sidecar.envoy.bootstrap import Upstream
 from sidecar.envoy.process import EnvoyError
 from sidecar.metadata.store import StoreUnavailable
-from sidecar.server import serve_until_signalled, split_host_port
+from sidecar.server import ListenError, serve_until_signalled, split_host_port
 from sidecar.store_commands import add_store_parsers
 from sidecar.workers import WorkerPool
 
@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         code: int = args.func(args)
-    except (ConfigError, EnvoyError, FileNotFoundError, StoreUnavailable) as exc:
+    except (ConfigError, EnvoyError, FileNotFoundError, ListenError, StoreUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

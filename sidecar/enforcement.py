@@ -202,7 +202,11 @@ class ResponseFilter:
             # The client may get fewer hits than were kept: over-fetch trims
             # admitted hits beyond k, and a format drops a kept hit whose
             # container went (an emptied group, a reference inside a removed hit).
-            released = parsed.released_positions(rendered[-1], limits) if rendered else None
+            # Unrendered, it gets every hit (audit mode) or none (blocked).
+            if rendered:
+                released = parsed.released_positions(rendered[-1], limits)
+            else:
+                released = list(range(len(verdict.decisions))) if status == 200 else []
         except MalformedBody as exc:
             # E.g. fewer sub-results than the rewritten request had sub-queries.
             log.warning("malformed %s body on %s: %s", fmt.name, route.path, exc)
@@ -215,18 +219,19 @@ class ResponseFilter:
             outcome, status, new_body, released, refusal = Outcome.BLOCKED, 403, None, [], exc.code
         headers = {
             "x-retrieval-gate-decision-id": decision_id,
-            "x-retrieval-gate-admitted": str(len(kept) if released is None else len(released)),
+            # What the client got, never what was kept: the difference would
+            # count the rejected hits, which the client must not learn.
+            "x-retrieval-gate-admitted": str(len(released)),
         }
         record = self._record(decision_id, request_id, caller, fmt, mode, verdict, started)
         record["tenant_filter"] = rewrite is not None and rewrite.tenant_filter
         record["overfetched"] = limits is not None
         if status != 200:
             record["refusal"] = refusal
-        if released is not None:
-            by_position = {d.position: d.chunk_id for d in verdict.decisions}
-            record["released"] = [
-                replacements[p].chunk_id if p in replacements else by_position[p] for p in released
-            ]
+        by_position = {d.position: d.chunk_id for d in verdict.decisions}
+        record["released"] = [
+            replacements[p].chunk_id if p in replacements else by_position[p] for p in released
+        ]
         if replacements:
             record["admitted"] = [
                 replacements[d.position].chunk_id if d.position in replacements else d.chunk_id

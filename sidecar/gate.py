@@ -188,6 +188,10 @@ class VerdictCache:
         ``boundaries`` are the record's ``effective_at`` and ``expires_at`` (None:
         open-ended) in nanoseconds since the epoch.
         """
+        if now_ns in boundaries:
+            # Exactly at a boundary the policy's own inequality (< or <=)
+            # decides which side "now" is on; the interval cannot say.
+            return
         start, end = _NEVER, _FOREVER
         for boundary in boundaries:
             if boundary is None:

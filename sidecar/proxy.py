@@ -57,7 +57,11 @@ async def run_proxy(
             if settings.workers == 1
             else WorkerPool(settings)
         )
-        await server.start()
+        try:
+            await server.start()
+        except BaseException:
+            await server.stop()
+            raise
         envoy = EnvoyProcess(
             build_bootstrap(
                 settings, listen=listen, upstream=upstream, generated_jwks=generated_jwks

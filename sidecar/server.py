@@ -84,11 +84,20 @@ def build_audit(settings: Settings, metrics: GateMetrics) -> AuditSink:
         return NullAuditSink()
     if settings.audit_store is None:
         return JsonlAuditSink(settings.audit_log)
+
+    def report(backlog: int) -> None:
+        # Set, not set_function: with several workers only set values reach
+        # the parent's /metrics (prometheus-client multiprocess mode).
+        metrics.audit_backlog.set(backlog)
+        metrics.audit_shipping_failed.set(0 if sink.failure is None else 1)
+
     sink = PostgresAuditSink(
-        settings.audit_log, settings.audit_store, chain_id=settings.audit_chain_id
+        settings.audit_log,
+        settings.audit_store,
+        chain_id=settings.audit_chain_id,
+        on_backlog=report,
     )
-    metrics.audit_backlog.set_function(lambda: sink.backlog)
-    metrics.audit_shipping_failed.set_function(lambda: 0 if sink.failure is None else 1)
+    report(sink.backlog)
     sink.start()
     return sink
 
@@ -165,6 +174,10 @@ class Sidecar:
         await self.store.aclose()
 
 
+class ListenError(OSError):
+    """The sidecar cannot listen on its gRPC address (e.g. another process has it)."""
+
+
 class SidecarServer:
     """The gRPC server (ext_authz + ext_proc) and the /metrics endpoint."""
 
@@ -174,6 +187,9 @@ class SidecarServer:
         options: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
+            # A second sidecar on the same port must fail, not silently share
+            # Envoy's streams (workers listen on port + i).
+            ("grpc.so_reuseport", 0),
         ]
         self._grpc = grpc.aio.server(options=options)
         ext_proc_pb2_grpc.add_ExternalProcessorServicer_to_server(
@@ -199,8 +215,12 @@ class SidecarServer:
             if not await listener.wait_listening(5.0):
                 log.warning("change listener not connected yet; cache TTL bounds staleness")
         address = settings.grpc_listen
-        if self._grpc.add_insecure_port(address) == 0 and not address.startswith("unix:"):
-            raise OSError(f"cannot listen on {address}")
+        try:
+            port = self._grpc.add_insecure_port(address)
+        except RuntimeError as exc:  # grpc's way of saying the address is taken
+            raise ListenError(f"cannot listen on {address}: {exc}") from None
+        if port == 0 and not address.startswith("unix:"):
+            raise ListenError(f"cannot listen on {address}")
         await self._grpc.start()
         log.info("gRPC (ext_authz, ext_proc) listening on %s", address)
         if settings.metrics:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +19,7 @@ from sidecar.demo.upstream import CannedResponse
 from sidecar.workers import worker_addresses, worker_audit_log
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.records import record_dict, text_for
-from tests.harness import CLI, GateStack
+from tests.harness import CLI, GateStack, free_port
 
 pytestmark = pytest.mark.envoy
 
@@ -127,3 +129,31 @@ def test_worker_addresses() -> None:
         "127.0.0.1:9002",
         "127.0.0.1:9003",
     ]
+
+
+def test_a_second_sidecar_on_a_taken_port_fails_instead_of_sharing_it(tmp_path: Path) -> None:
+    port = free_port()
+    config = tmp_path / "gate.toml"
+    config.write_text(
+        'identity = "trusted-headers"\n'
+        f'store = "sqlite:///{tmp_path / "gate.db"}"\n'
+        f'grpc_listen = "127.0.0.1:{port}"\n'
+    )
+    first = subprocess.Popen([*CLI, "serve", "--config", str(config)], stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while not _listening(port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = subprocess.run(
+            [*CLI, "serve", "--config", str(config)], capture_output=True, timeout=30
+        )
+        assert second.returncode != 0
+        assert b"cannot listen" in second.stderr
+    finally:
+        first.terminate()
+        first.wait(timeout=10)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0

@@ -341,3 +341,22 @@ def test_response_that_does_not_match_the_rewritten_batch_is_502(
         ],
     )
     assert answers[-1].immediate_response.status.code == 502
+
+
+def test_an_upstream_answer_on_a_stream_without_request_headers_is_refused(
+    sidecar: Sidecar,
+) -> None:
+    # request_header_mode SKIP would mean a request nobody admitted.
+    (answer,) = run_stream(sidecar, [response_headers()])
+    assert answer.immediate_response.status.code == 500
+    assert orjson.loads(answer.immediate_response.body) == {"error": "gate_misconfigured"}
+    (answer,) = run_stream(sidecar, [response_body(BODY)])
+    assert answer.immediate_response.status.code == 500
+
+
+def test_an_envoy_local_reply_without_request_headers_passes(sidecar: Sidecar) -> None:
+    # An earlier filter's refusal (e.g. a mesh's ext_authz 401) reaches only
+    # the response side of the stream.
+    (answer,) = run_stream(sidecar, [response_headers("401")])
+    assert not answer.HasField("immediate_response")
+    assert answer.mode_override.response_body_mode == answer.mode_override.NONE

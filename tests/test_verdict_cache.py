@@ -257,8 +257,20 @@ def test_a_cached_admission_ends_exactly_at_expires_at(gate: Gate, engine: Count
     assert decide(gate, expiring, now=NOW - timedelta(hours=1)) == [()]
     assert decide(gate, expiring, now=NOW - TICK) == [()]
     assert len(engine.evaluated) == 1  # both answered by one evaluation
-    assert decide(gate, expiring, now=NOW) == [(Reason.EXPIRED,)]
+    assert decide(gate, expiring, now=NOW + TICK) == [(Reason.EXPIRED,)]
     assert decide(gate, expiring, now=NOW + timedelta(days=300)) == [(Reason.EXPIRED,)]
+    assert len(engine.evaluated) == 2
+
+
+def test_a_verdict_decided_exactly_at_a_boundary_is_not_cached(
+    gate: Gate, engine: Counting
+) -> None:
+    # Whether "now == expires_at" is inside depends on the policy's < or <=;
+    # caching it for the interval after would stretch a policy's off-by-one
+    # at the boundary into an answer for ever.
+    expiring = record("c1", expires_at="2026-06-01T12:00:00Z")
+    decide(gate, expiring, now=NOW)
+    decide(gate, expiring, now=NOW + timedelta(days=300))
     assert len(engine.evaluated) == 2
 
 
@@ -267,7 +279,7 @@ def test_a_cached_rejection_ends_exactly_at_effective_at(gate: Gate, engine: Cou
     assert decide(gate, future, now=NOW - timedelta(days=3)) == [(Reason.NOT_YET_EFFECTIVE,)]
     assert decide(gate, future, now=NOW - TICK) == [(Reason.NOT_YET_EFFECTIVE,)]
     assert len(engine.evaluated) == 1
-    assert decide(gate, future, now=NOW) == [()]
+    assert decide(gate, future, now=NOW + TICK) == [()]
     assert len(engine.evaluated) == 2
 
 
@@ -275,10 +287,10 @@ def test_a_record_with_both_boundaries_has_three_intervals(gate: Gate, engine: C
     window = record("c1", effective_at="2026-06-01T12:00:00Z", expires_at="2026-06-02T12:00:00Z")
     timeline = [
         (NOW - TICK, (Reason.NOT_YET_EFFECTIVE,)),
-        (NOW, ()),
+        (NOW + TICK, ()),
         (NOW + timedelta(hours=23), ()),
         (NOW + timedelta(days=1) - TICK, ()),
-        (NOW + timedelta(days=1), (Reason.EXPIRED,)),
+        (NOW + timedelta(days=1) + TICK, (Reason.EXPIRED,)),
         (NOW + timedelta(days=2), (Reason.EXPIRED,)),
     ]
     for moment, expected in timeline:

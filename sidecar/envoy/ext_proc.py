@@ -116,6 +116,11 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         kind = request.WhichOneof("request")
         if kind == "request_headers":
             return await self._on_request_headers(exchange, request.request_headers)
+        if exchange.route is None and not _local_reply(request):
+            # Admission happens on the request headers: an upstream answer on a
+            # stream without them (request_header_mode SKIP) was never admitted.
+            log.error("ext_proc stream without request headers; send them (request_header_mode)")
+            return immediate(500, b'{"error":"gate_misconfigured"}', "retrieval_gate_no_headers")
         if kind == "response_headers":
             return self._on_response_headers(exchange, request.response_headers)
         if kind == "response_body":
@@ -313,3 +318,16 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
                 set_headers({"content-length": str(len(result.body))})
             )
         return ext_proc.ProcessingResponse(response_body=ext_proc.BodyResponse(response=common))
+
+
+def _local_reply(request: ext_proc.ProcessingRequest) -> bool:
+    """True for the response headers of an error Envoy answered itself.
+
+    An earlier filter's refusal (a mesh's ext_authz, a rejected path) never
+    reached this filter's request side, so its stream starts with the
+    response; those are never 2xx and never carry upstream content.
+    """
+    if request.WhichOneof("request") != "response_headers":
+        return False
+    status = header_dict(request.response_headers.headers).get(":status", "")
+    return not status.startswith("2")
