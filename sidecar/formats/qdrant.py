@@ -23,7 +23,14 @@ from typing import Any, Final
 import orjson
 
 from sidecar.formats import qdrant_request
-from sidecar.formats._common import check_fields, load_object, parse_guarded, usable_id
+from sidecar.formats._common import (
+    check_fields,
+    load_object,
+    make_candidate,
+    parse_guarded,
+    usable_id,
+    usable_text,
+)
 from sidecar.formats.base import (
     SUBSTITUTED_FOR,
     Candidate,
@@ -114,12 +121,8 @@ class _Hits:
         if not isinstance(hit, dict):
             raise MalformedBody("a point is not a JSON object")
         position = len(self.candidates)
-        chunk_id, id_problem = self._chunk_id(hit)
-        text, text_problem = self._text(hit)
-        # Both may report the same missing payload; say it once.
-        problems = dict.fromkeys(p for p in (id_problem, text_problem) if p is not None)
-        candidate = Candidate(position, chunk_id, text, "; ".join(problems) or None)
-        self.candidates.append(candidate)
+        # make_candidate says a missing payload once when both report it.
+        self.candidates.append(make_candidate(position, self._chunk_id(hit), self._text(hit)))
         return position
 
     # Problems name the field, never its value: they end up in audit records.
@@ -136,12 +139,7 @@ class _Hits:
         payload, problem = _payload(hit)
         if payload is None:
             return None, problem
-        value = payload.get(self._text_field)
-        if value is None:
-            return None, f"payload field {self._text_field!r} missing"
-        if not isinstance(value, str):
-            return None, f"payload field {self._text_field!r} is not a string"
-        return value, None
+        return usable_text(payload.get(self._text_field), f"payload field {self._text_field!r}")
 
 
 def _payload(hit: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
