@@ -50,18 +50,18 @@ from typing import Any
 import orjson
 
 import sidecar
-from sidecar.audit import JsonlAuditSink
+from sidecar.audit.jsonl import JsonlAuditSink
 from sidecar.config import Settings, format_table
-from sidecar.enforcement import ResponseFilter
-from sidecar.formats import Route
-from sidecar.gate import Gate
-from sidecar.identity import Caller
-from sidecar.integrity import canonical_sha256
-from sidecar.metadata.cache import CachedStore
-from sidecar.metadata.sqlite import SqliteStore
+from sidecar.core.caller import Caller
+from sidecar.core.gate import Gate
+from sidecar.core.hits import Route
+from sidecar.core.integrity import canonical_sha256
+from sidecar.core.record import ChunkRecord, Status
+from sidecar.enforcement.response_filter import ResponseFilter
 from sidecar.metrics import GateMetrics
 from sidecar.policy.regorus_engine import RegorusEngine
-from sidecar.records import ChunkRecord, Status
+from sidecar.store.cache import CachedStore
+from sidecar.store.sqlite import SqliteStore
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUTE = Route("POST", "/collections/docs/points/search")

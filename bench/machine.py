@@ -11,7 +11,7 @@ from typing import Any
 
 from cpu import machine_busy_seconds
 
-from sidecar.envoy.process import find_envoy
+from sidecar.runtime.envoy_process import find_envoy
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -37,9 +37,9 @@ from cpu import process_tree, tree_cpu_seconds
 from load import CALLER_HEADERS, SEARCH_BODY
 
 from sidecar.config import load_settings
-from sidecar.envoy.bootstrap import SIDECAR_CLUSTER, Upstream, build_bootstrap
-from sidecar.envoy.process import envoy_command, read_admin_address
-from sidecar.workers import worker_addresses
+from sidecar.runtime.bootstrap import SIDECAR_CLUSTER, Upstream, build_bootstrap
+from sidecar.runtime.envoy_process import envoy_command, read_admin_address
+from sidecar.runtime.workers import worker_addresses
 
 CLI = [sys.executable, "-m", "sidecar.cli"]
 FLOOR_SERVICER = Path(__file__).resolve().parent / "floor_servicer.py"

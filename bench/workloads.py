@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from sidecar.integrity import canonical_sha256
+from sidecar.core.integrity import canonical_sha256
 
 _FILLER = "lorem ipsum dolor sit amet "
 

@@ -16,9 +16,10 @@ from typing import Any, Protocol
 
 import orjson
 
-from sidecar.formats import Route, RouteKind
-from sidecar.identity import AuthRequest, Caller, IdentityError, IdentityProvider
-from sidecar.policy.engine import PolicyError
+from sidecar.core.caller import Caller, IdentityError
+from sidecar.core.hits import Route, RouteKind
+from sidecar.core.policy import PolicyError
+from sidecar.identity import AuthRequest, IdentityProvider
 
 log = logging.getLogger(__name__)
 

@@ -13,18 +13,13 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from sidecar.core.modes import Mode, RoutePolicy
 from sidecar.formats.registry import FormatTable, build_format_table
 from sidecar.identity.claims import DEFAULT_PRINCIPAL_CLAIMS
 
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message names the setting."""
-
-
-class Mode(StrEnum):
-    ENFORCE = "enforce"  # strip rejected chunks
-    STRICT = "strict"  # any rejection fails the whole response with 403
-    AUDIT = "audit"  # pass everything; count and log what would have been stripped
 
 
 class IdentityMode(StrEnum):
@@ -50,16 +45,6 @@ class RouteOptions:
     substitute_superseded: bool | None = None
     # The one format that owns paths under this prefix (route detection is skipped).
     format: str | None = None
-
-
-@dataclass(frozen=True)
-class RoutePolicy:
-    """What applies to one request path once the route overrides are resolved."""
-
-    mode: Mode
-    tenant_key: str | None  # None: no tenant filter is injected upstream
-    overfetch_factor: float  # <= 1: no over-fetch
-    substitute_superseded: bool  # replace a superseded chunk by its admitted successor
 
 
 @dataclass(frozen=True)
@@ -107,7 +92,7 @@ class Settings:
     max_body_bytes: int = 4 * 1024 * 1024
     grpc_listen: str = "127.0.0.1:9001"
     # Sidecar processes; with N > 1 each listens on its own address
-    # (sidecar.workers.worker_addresses) and Envoy balances across them.
+    # (sidecar.runtime.workers.worker_addresses) and Envoy balances across them.
     workers: int = 1
     metrics: str | None = None  # host:port for /metrics; None disables
     audit_log: Path | None = None

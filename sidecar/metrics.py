@@ -139,7 +139,7 @@ class GateMetrics:
             child = self._response_children[key] = self.responses.labels(outcome, format_name)
         child.inc()
 
-    # CacheObserver protocol (sidecar.metadata.cache): keeps the cache free of Prometheus.
+    # CacheObserver protocol (sidecar.store.cache): keeps the cache free of Prometheus.
     def hit(self, n: int) -> None:
         if n:
             self.cache_hits.inc(n)

@@ -24,10 +24,10 @@ import orjson
 
 from sidecar.config import IdentityMode, load_settings
 from sidecar.demo.upstream import FixtureUpstream
-from sidecar.envoy.bootstrap import Upstream, build_bootstrap
-from sidecar.envoy.jwt_authn import needs_generated_jwks, write_generated_jwks
-from sidecar.envoy.process import envoy_command, read_admin_address
-from sidecar.workers import worker_addresses
+from sidecar.runtime.bootstrap import Upstream, build_bootstrap
+from sidecar.runtime.envoy_process import envoy_command, read_admin_address
+from sidecar.runtime.jwt_authn import needs_generated_jwks, write_generated_jwks
+from sidecar.runtime.workers import worker_addresses
 
 CLI = [sys.executable, "-m", "sidecar.cli"]
 

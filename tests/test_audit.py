@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from sidecar.audit import (
+from sidecar.audit.jsonl import (
     GENESIS,
     AuditError,
     JsonlAuditSink,
@@ -16,8 +16,8 @@ from sidecar.audit import (
     record_digest,
     verify_chain,
 )
-from sidecar.audit_commands import add_verify_arguments, verify
 from sidecar.cli import main
+from sidecar.cli.audit import add_verify_arguments, verify
 
 
 def write(path: Path, n: int) -> None:

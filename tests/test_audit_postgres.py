@@ -15,9 +15,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from sidecar.audit import JsonlAuditSink, verify_chain
-from sidecar.audit_commands import add_verify_arguments, verify
-from sidecar.audit_postgres import (
+from sidecar.audit.jsonl import JsonlAuditSink, verify_chain
+from sidecar.audit.postgres import (
     AuditChainConflict,
     AuditRow,
     PostgresAuditSink,
@@ -25,6 +24,7 @@ from sidecar.audit_postgres import (
     ship_batch,
     verify_postgres_chain,
 )
+from sidecar.cli.audit import add_verify_arguments, verify
 from tests.fixtures.postgres import fresh_database
 
 pytestmark = pytest.mark.timeout(60)
@@ -161,7 +161,7 @@ def test_records_a_shipper_never_shipped_are_shipped_by_the_next_start(
 WRITER = """
 import sys
 from pathlib import Path
-from sidecar.audit_postgres import PostgresAuditSink
+from sidecar.audit.postgres import PostgresAuditSink
 
 sink = PostgresAuditSink(
     Path(sys.argv[1]), sys.argv[2], chain_id="killed", batch_size=50, flush_interval=0.01

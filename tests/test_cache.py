@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.metadata.cache import CachedStore, Lookup
-from sidecar.metadata.sqlite import SqliteStore
-from sidecar.metadata.store import StoreUnavailable
-from sidecar.records import ChunkRecord, Status
+from sidecar.core.record import ChunkRecord, Status
+from sidecar.store.cache import CachedStore, Lookup
+from sidecar.store.sqlite import SqliteStore
+from sidecar.store.store import StoreUnavailable
 from tests.fixtures.records import chunk_record as record
 
 TTL = 30.0

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.identity import Caller, IdentityError
+from sidecar.core.caller import Caller, IdentityError
 from sidecar.identity.claims import ClaimMapping
 
 

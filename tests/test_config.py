@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.config import ConfigError, IdentityMode, Mode, load_settings
+from sidecar.config import ConfigError, IdentityMode, load_settings
+from sidecar.core.modes import Mode
 
 
 def test_identity_is_required() -> None:

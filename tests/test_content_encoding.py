@@ -12,7 +12,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.content_encoding import UndecodableBody, decode, parse_content_encoding
+from sidecar.envoy.content_encoding import UndecodableBody, decode, parse_content_encoding
 
 BODY = b'{"result":[{"id":1,"payload":{"text":"hello"}}],"status":"ok"}' * 50
 

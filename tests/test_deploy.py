@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from sidecar.config import IdentityMode, Settings
-from sidecar.envoy.bootstrap import Upstream, build_bootstrap
-from sidecar.envoy.jwt_authn import write_generated_jwks
-from sidecar.envoy.process import find_envoy
+from sidecar.runtime.bootstrap import Upstream, build_bootstrap
+from sidecar.runtime.envoy_process import find_envoy
+from sidecar.runtime.jwt_authn import write_generated_jwks
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.envoy

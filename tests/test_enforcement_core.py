@@ -17,17 +17,18 @@ from typing import Any
 import orjson
 import pytest
 
-from sidecar.audit import JsonlAuditSink, verify_chain
+from sidecar.audit.jsonl import JsonlAuditSink, verify_chain
 from sidecar.config import Settings, default_policy_dir, format_table
-from sidecar.enforcement import FilterResult, ResponseFilter
-from sidecar.formats import Route
-from sidecar.gate import Gate
-from sidecar.identity import Caller
-from sidecar.metadata.cache import CachedStore
-from sidecar.metadata.sqlite import SqliteStore
+from sidecar.core.caller import Caller
+from sidecar.core.gate import Gate
+from sidecar.core.hits import Route
+from sidecar.core.record import Status
+from sidecar.enforcement.response_filter import FilterResult, ResponseFilter
 from sidecar.metrics import GateMetrics
 from sidecar.policy.regorus_engine import RegorusEngine
-from sidecar.records import Status, parse_record
+from sidecar.store.cache import CachedStore
+from sidecar.store.loader import parse_record
+from sidecar.store.sqlite import SqliteStore
 from tests.fixtures.records import record_dict, text_for
 
 SEARCH = Route("POST", "/collections/docs/points/search")

@@ -16,8 +16,8 @@ from typing import Any
 import orjson
 import pytest
 
+from sidecar.core.caller import Caller
 from sidecar.demo.upstream import CannedResponse
-from sidecar.identity import Caller
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures import tokens
 from tests.fixtures.records import record_dict, text_for

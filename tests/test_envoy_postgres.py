@@ -18,8 +18,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from sidecar.core.integrity import canonical_sha256
 from sidecar.demo.upstream import CannedResponse
-from sidecar.integrity import canonical_sha256
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.postgres import fresh_database
 from tests.fixtures.records import record_dict, text_for

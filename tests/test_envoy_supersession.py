@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from sidecar.core.integrity import canonical_sha256
 from sidecar.demo.upstream import CannedResponse
-from sidecar.integrity import canonical_sha256
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.records import record_dict, text_for
 from tests.harness import GateStack

@@ -22,11 +22,11 @@ import zstandard
 from google.protobuf import struct_pb2
 
 from sidecar.config import IdentityMode, Settings
+from sidecar.core.hits import Route, RouteKind
 from sidecar.envoy.ext_proc import IDENTITY_NAMESPACE, ExternalProcessorServicer
-from sidecar.formats import Route, RouteKind
 from sidecar.formats.registry import FormatTable
-from sidecar.records import parse_record
-from sidecar.server import Sidecar
+from sidecar.runtime.server import Sidecar
+from sidecar.store.loader import parse_record
 from sidecar.wire import envoy_core_pb2 as core
 from sidecar.wire import ext_proc_pb2 as ext_proc
 from sidecar.wire import ext_proc_pb2_grpc as ext_proc_grpc

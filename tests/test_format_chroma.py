@@ -30,19 +30,11 @@ from chromadb.types import Collection as CollectionModel
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.formats import (
-    Candidate,
-    MalformedBody,
-    ParsedBody,
-    QdrantFormat,
-    Replacement,
-    ResponseFormat,
-    Route,
-    RouteKind,
-    classify,
-)
-from sidecar.formats.base import SUBSTITUTED_FOR
+from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
+from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody, ResponseFormat
 from sidecar.formats.chroma import ChromaFormat
+from sidecar.formats.qdrant import QdrantFormat
+from sidecar.formats.registry import classify
 from tests.fixtures.chroma_bodies import (
     ALL_INCLUDE,
     ALL_SELECT,

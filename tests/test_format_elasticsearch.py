@@ -45,8 +45,8 @@ from opensearchpy.helpers.response import Response as OpenSearchResponse
 from opensearchpy.helpers.search import MultiSearch as OpenSearchMultiSearch
 from opensearchpy.helpers.search import Search as OpenSearchSearch
 
-from sidecar.formats import Candidate, MalformedBody, ParsedBody, Replacement, Route, RouteKind
-from sidecar.formats.base import SUBSTITUTED_FOR
+from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
+from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
 from sidecar.formats.elasticsearch import _RULES, ElasticsearchFormat, _endpoint
 from tests.fixtures.elasticsearch_bodies import (
     AGGREGATIONS,

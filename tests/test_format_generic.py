@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from sidecar.formats import Candidate, MalformedBody, ParsedBody, Replacement, Route, RouteKind
-from sidecar.formats.base import SUBSTITUTED_FOR
+from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
+from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
 from sidecar.formats.generic import GenericFormat
 
 Body = Any  # a decoded JSON body

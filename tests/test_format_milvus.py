@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.formats import Candidate, MalformedBody, ParsedBody, Replacement, Route, RouteKind
-from sidecar.formats.base import SUBSTITUTED_FOR
+from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
+from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
 from sidecar.formats.milvus import MilvusFormat
 from tests.fixtures.milvus_bodies import (
     FETCHES,

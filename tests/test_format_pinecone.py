@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pinecone._internal.adapters.vectors_adapter import VectorsAdapter
 
-from sidecar.formats import Candidate, MalformedBody, ParsedBody, Replacement, Route, RouteKind
-from sidecar.formats.base import SUBSTITUTED_FOR
+from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
+from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
 from sidecar.formats.pinecone import PineconeFormat
 from tests.fixtures.pinecone_bodies import (
     NAMESPACE,

@@ -17,14 +17,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, create_model
 from qdrant_client.http import models
 
-from sidecar.formats import (
-    Candidate,
-    MalformedBody,
-    ParsedBody,
-    QdrantFormat,
-    Route,
-    RouteKind,
-)
+from sidecar.core.hits import Candidate, Route, RouteKind
+from sidecar.formats.base import MalformedBody, ParsedBody
+from sidecar.formats.qdrant import QdrantFormat
 from tests.fixtures.qdrant_bodies import (
     BUILDERS,
     TIME,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.config import ConfigError, format_table, load_settings
-from sidecar.formats import Route, RouteKind
+from sidecar.core.hits import Route, RouteKind
 from sidecar.formats.registry import BUILT_IN, FormatTable, build_format_table
 
 SEARCHES = {

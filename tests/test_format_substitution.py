@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import orjson
 
-from sidecar.formats import QdrantFormat, Replacement
+from sidecar.core.hits import Replacement
 from sidecar.formats.base import SUBSTITUTED_FOR
+from sidecar.formats.qdrant import QdrantFormat
 from tests.fixtures import qdrant_bodies as qb
 from tests.test_format_qdrant import RESPONSE_MODELS
 

@@ -30,16 +30,8 @@ from hypothesis import strategies as st
 from weaviate.client_executor import _WeaviateClientExecutor
 from weaviate.collections.classes.internal import _RawGQLReturn
 
-from sidecar.formats import (
-    Candidate,
-    MalformedBody,
-    ParsedBody,
-    Replacement,
-    Route,
-    RouteKind,
-    Unreleasable,
-)
-from sidecar.formats.base import SUBSTITUTED_FOR
+from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
+from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody, Unreleasable
 from sidecar.formats.weaviate import GENERATIVE_WITHHELD, WeaviateFormat
 from tests.fixtures.weaviate_bodies import (
     UUIDS,

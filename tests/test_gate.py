@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 
 from sidecar.config import default_policy_dir
-from sidecar.formats.base import Candidate
-from sidecar.gate import Gate, policy_input, to_epoch_ns
-from sidecar.identity import Caller
-from sidecar.policy.engine import PolicyError
+from sidecar.core.caller import Caller
+from sidecar.core.gate import Gate
+from sidecar.core.hits import Candidate
+from sidecar.core.policy import PolicyError, policy_input, to_epoch_ns
+from sidecar.core.reasons import BUILTIN_ORDER, Reason, ReasonOrder
+from sidecar.core.record import ChunkRecord
 from sidecar.policy.regorus_engine import RegorusEngine
-from sidecar.reasons import BUILTIN_ORDER, Reason, ReasonOrder
-from sidecar.records import ChunkRecord, parse_record
+from sidecar.store.loader import parse_record
 from tests.fixtures.records import EFFECTIVE, record_dict, text_for
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

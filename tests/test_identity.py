@@ -11,9 +11,10 @@ import pytest
 from google.protobuf import json_format
 
 from sidecar.access import RequestAccess, collection_of
+from sidecar.core.caller import Caller, IdentityError
 from sidecar.envoy.ext_authz import AuthorizationServicer
-from sidecar.formats import QdrantFormat
-from sidecar.identity import AuthRequest, Caller, IdentityError
+from sidecar.formats.qdrant import QdrantFormat
+from sidecar.identity import AuthRequest
 from sidecar.identity.headers import TrustedHeaders
 from sidecar.wire import ext_authz_pb2 as authz
 from sidecar.wire import ext_authz_pb2_grpc as authz_grpc

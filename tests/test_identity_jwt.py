@@ -15,7 +15,8 @@ import jwt as pyjwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from sidecar.identity import AuthRequest, Caller, IdentityError
+from sidecar.core.caller import Caller, IdentityError
+from sidecar.identity import AuthRequest
 from sidecar.identity.claims import ClaimMapping
 from sidecar.identity.envoy_jwt import EnvoyJwtPayload
 from sidecar.identity.jwt import (

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.integrity import canonical_sha256, canonical_text
+from sidecar.core.integrity import canonical_sha256, canonical_text
 
 
 def sha256_hex(data: bytes) -> str:

@@ -17,9 +17,9 @@ import pytest
 import regorus
 
 from sidecar.config import default_policy_dir
-from sidecar.policy.engine import PolicyEngine, PolicyError
+from sidecar.core.policy import PolicyEngine, PolicyError
+from sidecar.core.reasons import Reason
 from sidecar.policy.regorus_engine import RegorusEngine
-from sidecar.reasons import Reason
 
 NOW = 1_767_225_600_000_000_000
 HOUR = 3_600_000_000_000

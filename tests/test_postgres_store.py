@@ -15,16 +15,16 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from sidecar.metadata import schema
-from sidecar.metadata.cache import CachedStore, NullCacheObserver
-from sidecar.metadata.dsn import parse_postgres_url, redact_url
-from sidecar.metadata.listener import ChangeListener, change_listener
-from sidecar.metadata.open import open_store
-from sidecar.metadata.postgres import PostgresStore, migrate
-from sidecar.metadata.schema import MigrationFailed
-from sidecar.metadata.sqlite import SqliteStore
-from sidecar.metadata.store import SchemaMismatch, StoreUnavailable
-from sidecar.records import ChunkRecord, Status
+from sidecar.core.record import ChunkRecord, Status
+from sidecar.postgres.dsn import parse_postgres_url, redact_url
+from sidecar.store import schema
+from sidecar.store.cache import CachedStore, NullCacheObserver
+from sidecar.store.listener import ChangeListener, change_listener
+from sidecar.store.open import open_store
+from sidecar.store.postgres import PostgresStore, migrate
+from sidecar.store.schema import MigrationFailed
+from sidecar.store.sqlite import SqliteStore
+from sidecar.store.store import SchemaMismatch, StoreUnavailable
 from tests.fixtures.postgres import ADMIN_URL, fresh_database
 from tests.fixtures.records import chunk_record as record
 
@@ -393,7 +393,7 @@ def test_listener_logs_never_show_the_password(caplog: pytest.LogCaptureFixture)
         assert not listener.listening
         await listener.stop()
 
-    with caplog.at_level(logging.WARNING, logger="sidecar.metadata.listener"):
+    with caplog.at_level(logging.WARNING, logger="sidecar.store.listener"):
         asyncio.run(main())
     assert "cannot connect" in caplog.text
     assert PASSWORD not in caplog.text

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.formats import QdrantFormat, Route
-from sidecar.formats.base import MalformedBody, Replacement
-from sidecar.formats.qdrant import _Hits
+from sidecar.core.hits import Replacement, Route
+from sidecar.formats.base import MalformedBody
+from sidecar.formats.qdrant import QdrantFormat, _Hits
 
 _scalars = st.one_of(
     st.none(),

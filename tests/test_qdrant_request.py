@@ -22,14 +22,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, StrictFloat
 from qdrant_client.http import models
 
-from sidecar.formats import (
-    MalformedRequest,
-    QdrantFormat,
-    RequestRewrite,
-    RequestRewriter,
-    ResponseFormat,
-    Route,
-)
+from sidecar.core.hits import Route
+from sidecar.formats.base import MalformedRequest, RequestRewrite, RequestRewriter, ResponseFormat
+from sidecar.formats.qdrant import QdrantFormat
 from tests.fixtures.qdrant_bodies import encode, point, query_body, route
 
 TENANT = "acme"

@@ -1,4 +1,4 @@
-"""Parsing and validation of chunk records (ARCHITECTURE.md, "The chunk record")."""
+"""Parsing and validation of chunk records (docs/architecture.md, "The chunk record")."""
 
 from __future__ import annotations
 
@@ -12,16 +12,15 @@ from typing import Any
 
 import pytest
 
-from sidecar.metadata.sqlite import SqliteStore
-from sidecar.records import (
-    ChunkRecord,
+from sidecar.core.record import ChunkRecord, Status
+from sidecar.store.loader import (
     RecordError,
     RecordsInvalid,
-    Status,
     load_jsonl,
     parse_record,
     parse_timestamp,
 )
+from sidecar.store.sqlite import SqliteStore
 
 # The record's text uses CRLF; its hash is of the canonical (LF) form.
 TEXT = "Refunds are issued within 30 days.\r\nSee section 4."

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.config import default_policy_dir
-from sidecar.policy.engine import PolicyError
+from sidecar.core.policy import PolicyError
 from sidecar.policy.rego_tests import RegoTestResult, run_rego_tests
 
 POLICY_DIR = default_policy_dir()

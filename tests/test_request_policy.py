@@ -14,7 +14,7 @@ import pytest
 import regorus
 
 from sidecar.config import default_policy_dir
-from sidecar.policy.engine import PolicyError
+from sidecar.core.policy import PolicyError
 from sidecar.policy.regorus_engine import RegorusEngine
 from sidecar.policy.request_policy import RequestPolicy
 

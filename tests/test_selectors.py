@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.formats import MalformedBody
+from sidecar.formats.base import MalformedBody
 from sidecar.formats.selectors import EACH, Match, Selector, Step
 
 # -- parsing --------------------------------------------------------------------

@@ -10,10 +10,10 @@ import orjson
 import psycopg
 import pytest
 
-from sidecar.metadata.open import open_store
-from sidecar.metadata.postgres import migrate
-from sidecar.records import parse_record
-from sidecar.store_commands import add_store_parsers
+from sidecar.cli.store import add_store_parsers
+from sidecar.store.loader import parse_record
+from sidecar.store.open import open_store
+from sidecar.store.postgres import migrate
 from tests.fixtures.postgres import fresh_database
 from tests.fixtures.records import record_dict, text_for
 from tests.harness import write_records

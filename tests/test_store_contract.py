@@ -18,15 +18,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from sidecar.metadata.postgres import PostgresStore, migrate
-from sidecar.metadata.sqlite import SqliteStore
-from sidecar.metadata.store import (
-    ChunkNotFound,
-    LifecycleError,
-    MetadataStore,
-    StoreUnavailable,
-)
-from sidecar.records import ChunkRecord, Status
+from sidecar.core.record import ChunkRecord, Status
+from sidecar.store.postgres import PostgresStore, migrate
+from sidecar.store.sqlite import SqliteStore
+from sidecar.store.store import ChunkNotFound, LifecycleError, MetadataStore, StoreUnavailable
 from tests.fixtures.postgres import fresh_database
 from tests.fixtures.records import chunk_record as record
 

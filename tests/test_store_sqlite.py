@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.metadata.open import open_store
-from sidecar.metadata.sqlite import SCHEMA_VERSION, SqliteStore
-from sidecar.metadata.store import MetadataStore, StoreUnavailable
-from sidecar.records import ChunkRecord, RecordsInvalid, Status, load_jsonl
+from sidecar.core.record import ChunkRecord, Status
+from sidecar.store.loader import RecordsInvalid, load_jsonl
+from sidecar.store.open import open_store
+from sidecar.store.sqlite import SCHEMA_VERSION, SqliteStore
+from sidecar.store.store import MetadataStore, StoreUnavailable
 from tests.fixtures.records import chunk_record as record
 
 CHUNKS_JSONL = """\
@@ -211,7 +212,7 @@ def test_undecodable_row_makes_only_that_chunk_missing(
         # Someone bypasses the CHECK constraints while editing by hand.
         raw.execute("PRAGMA ignore_check_constraints = ON")
         raw.execute("UPDATE chunks SET allowed_principals = '[1]' WHERE chunk_id = 'c-2'")
-    with caplog.at_level(logging.WARNING, logger="sidecar.metadata.sqlite"):
+    with caplog.at_level(logging.WARNING, logger="sidecar.store.sqlite"):
         assert run(store, ["c-1", "c-2"]) == {"c-1": record("c-1")}
     [message] = [r.getMessage() for r in caplog.records]
     assert "'c-2'" in message

@@ -19,13 +19,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.config import default_policy_dir
-from sidecar.formats.base import Candidate
-from sidecar.gate import DEFAULT_VERDICT_CACHE_SIZE, Gate, VerdictCache, to_epoch_ns
-from sidecar.identity import Caller
-from sidecar.policy.engine import PolicyError
+from sidecar.core.caller import Caller
+from sidecar.core.gate import DEFAULT_VERDICT_CACHE_SIZE, Gate
+from sidecar.core.hits import Candidate
+from sidecar.core.policy import PolicyError, to_epoch_ns
+from sidecar.core.reasons import Reason
+from sidecar.core.record import ChunkRecord, Status
+from sidecar.core.verdict_cache import VerdictCache
 from sidecar.policy.regorus_engine import RegorusEngine, read_rego_sources, time_pure_rule
-from sidecar.reasons import Reason
-from sidecar.records import ChunkRecord, Status, parse_record
+from sidecar.store.loader import parse_record
 from tests.fixtures.records import EFFECTIVE, record_dict, text_for
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

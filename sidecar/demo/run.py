@@ -12,14 +12,14 @@ from pathlib import Path
 
 import orjson
 
-from sidecar.audit import verify_chain
+from sidecar.audit.jsonl import verify_chain
 from sidecar.config import IdentityMode, Settings
+from sidecar.core.integrity import canonical_sha256
 from sidecar.demo.upstream import CannedResponse, FixtureUpstream
-from sidecar.envoy.bootstrap import Upstream
-from sidecar.integrity import canonical_sha256
-from sidecar.metadata.open import open_store
-from sidecar.proxy import run_proxy
-from sidecar.records import load_jsonl
+from sidecar.runtime.bootstrap import Upstream
+from sidecar.runtime.proxy import run_proxy
+from sidecar.store.loader import load_jsonl
+from sidecar.store.open import open_store
 
 SEARCH_PATH = "/collections/docs/points/search"
 # Loopback only: ignore any *_proxy settings in the environment.

@@ -1,1 +1,1 @@
-"""Envoy-facing code: gRPC servicers (protocol only), bootstrap config, process supervision."""
+"""The Envoy servicers (ext_proc, ext_authz): protocol translation only, no policy."""

@@ -6,7 +6,7 @@ metadata), asks the request policy, strips client identity headers and, for
 routes whose responses it does not read, tells Envoy to send nothing more.
 On search routes it then sees the response headers (status, encoding) and the
 whole response body (BUFFERED). What to do with a body lives in
-:class:`~sidecar.enforcement.ResponseFilter`, who may call in
+:class:`~sidecar.enforcement.response_filter.ResponseFilter`, who may call in
 :class:`~sidecar.access.RequestAccess`; this module only translates.
 """
 
@@ -21,17 +21,13 @@ import grpc
 from google.protobuf import json_format
 
 from sidecar.access import AccessDenied, RequestAccess, path_problem
-from sidecar.content_encoding import UndecodableBody, decode, parse_content_encoding
-from sidecar.enforcement import FilterResult, ResponseFilter
+from sidecar.core.caller import Caller, IdentityError
+from sidecar.core.hits import Route
+from sidecar.enforcement.response_filter import FilterResult, ResponseFilter
+from sidecar.envoy.content_encoding import UndecodableBody, decode, parse_content_encoding
 from sidecar.envoy.messages import header_dict, immediate, set_headers
-from sidecar.formats import (
-    MalformedRequest,
-    RequestRewrite,
-    RequestRewriter,
-    ResponseFormat,
-    Route,
-)
-from sidecar.identity import AuthRequest, Caller, IdentityError
+from sidecar.formats.base import MalformedRequest, RequestRewrite, RequestRewriter, ResponseFormat
+from sidecar.identity import AuthRequest
 from sidecar.wire import envoy_processing_mode_pb2 as processing_mode
 from sidecar.wire import ext_proc_pb2 as ext_proc
 from sidecar.wire import ext_proc_pb2_grpc as ext_proc_grpc

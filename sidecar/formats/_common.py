@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 
 import orjson
 
-from sidecar.formats.base import Candidate, MalformedBody
+from sidecar.core.hits import Candidate
+from sidecar.formats.base import MalformedBody
 
 T = TypeVar("T")
 

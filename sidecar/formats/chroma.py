@@ -22,6 +22,7 @@ from typing import Any, Final
 
 import orjson
 
+from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.formats._common import (
     check_fields,
     kept_in_order,
@@ -32,15 +33,7 @@ from sidecar.formats._common import (
     usable_id,
     usable_text,
 )
-from sidecar.formats.base import (
-    SUBSTITUTED_FOR,
-    Candidate,
-    MalformedBody,
-    ParsedBody,
-    Replacement,
-    Route,
-    RouteKind,
-)
+from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
 
 _F, _R, _W = RouteKind.FILTERED, RouteKind.READ, RouteKind.WRITE
 _NAME: Final = "{}"  # a path segment that names something: tenant, database, collection ...

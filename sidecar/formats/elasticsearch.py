@@ -58,6 +58,7 @@ from typing import Any, Final, Literal, get_args
 
 import orjson
 
+from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.formats._common import (
     check_fields,
     kept_in_order,
@@ -68,15 +69,7 @@ from sidecar.formats._common import (
     usable_id,
     usable_text,
 )
-from sidecar.formats.base import (
-    SUBSTITUTED_FOR,
-    Candidate,
-    MalformedBody,
-    ParsedBody,
-    Replacement,
-    Route,
-    RouteKind,
-)
+from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
 
 TotalMode = Literal["recompute", "remove"]
 KeepMode = Literal["remove", "keep"]

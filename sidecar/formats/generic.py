@@ -36,6 +36,7 @@ from typing import Any, Final
 
 import orjson
 
+from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.formats._common import (
     kept_in_order,
     make_candidate,
@@ -44,15 +45,7 @@ from sidecar.formats._common import (
     usable_id,
     usable_text,
 )
-from sidecar.formats.base import (
-    SUBSTITUTED_FOR,
-    Candidate,
-    MalformedBody,
-    ParsedBody,
-    Replacement,
-    Route,
-    RouteKind,
-)
+from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
 from sidecar.formats.selectors import EACH, Match, Path, Selector
 
 _NAME: Final = re.compile(r"[a-z0-9_-]{1,32}")

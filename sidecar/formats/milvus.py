@@ -23,6 +23,7 @@ from typing import Any, Final
 
 import orjson
 
+from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.formats._common import (
     check_fields,
     kept_in_order,
@@ -33,15 +34,7 @@ from sidecar.formats._common import (
     usable_id,
     usable_text,
 )
-from sidecar.formats.base import (
-    SUBSTITUTED_FOR,
-    Candidate,
-    MalformedBody,
-    ParsedBody,
-    Replacement,
-    Route,
-    RouteKind,
-)
+from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
 
 # The primary key field of Milvus' quick-setup collections.
 _DEFAULT_ID_FIELD: Final = "id"

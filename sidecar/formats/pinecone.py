@@ -25,6 +25,7 @@ from typing import Any, Final
 
 import orjson
 
+from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.formats._common import (
     check_fields,
     kept_in_order,
@@ -35,15 +36,7 @@ from sidecar.formats._common import (
     usable_id,
     usable_text,
 )
-from sidecar.formats.base import (
-    SUBSTITUTED_FOR,
-    Candidate,
-    MalformedBody,
-    ParsedBody,
-    Replacement,
-    Route,
-    RouteKind,
-)
+from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 import orjson
 
+from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.formats import qdrant_request
 from sidecar.formats._common import (
     check_fields,
@@ -31,16 +32,7 @@ from sidecar.formats._common import (
     usable_id,
     usable_text,
 )
-from sidecar.formats.base import (
-    SUBSTITUTED_FOR,
-    Candidate,
-    MalformedBody,
-    ParsedBody,
-    Replacement,
-    RequestRewrite,
-    Route,
-    RouteKind,
-)
+from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody, RequestRewrite
 
 
 class _Selection:

@@ -54,6 +54,7 @@ from typing import Any, Final
 
 import orjson
 
+from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.formats._common import (
     check_fields,
     load_object,
@@ -63,15 +64,7 @@ from sidecar.formats._common import (
     usable_id,
     usable_text,
 )
-from sidecar.formats.base import (
-    Candidate,
-    MalformedBody,
-    ParsedBody,
-    Replacement,
-    Route,
-    RouteKind,
-    Unreleasable,
-)
+from sidecar.formats.base import MalformedBody, ParsedBody, Unreleasable
 
 GENERATIVE_MODES: Final = ("strip", "block")
 

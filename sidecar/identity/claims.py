@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.identity import Caller, IdentityError
+from sidecar.core.caller import Caller, IdentityError
 
 DEFAULT_PRINCIPAL_CLAIMS: Mapping[str, str] = {"sub": "user", "groups": "group", "roles": "role"}
 

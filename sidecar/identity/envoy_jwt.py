@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sidecar.identity import AuthRequest, Caller, IdentityError
+from sidecar.core.caller import Caller, IdentityError
+from sidecar.identity import AuthRequest
 from sidecar.identity.claims import ClaimMapping
 
 JWT_AUTHN_NAMESPACE = "envoy.filters.http.jwt_authn"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from sidecar.identity import AuthRequest, Caller, IdentityError
+from sidecar.core.caller import Caller, IdentityError
+from sidecar.identity import AuthRequest
 
 TENANT_HEADER = "x-gate-tenant"
 PRINCIPALS_HEADER = "x-gate-principals"

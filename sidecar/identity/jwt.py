@@ -29,7 +29,8 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from sidecar.identity import AuthRequest, Caller, IdentityError
+from sidecar.core.caller import Caller, IdentityError
+from sidecar.identity import AuthRequest
 from sidecar.identity.claims import ClaimMapping
 
 log = logging.getLogger(__name__)

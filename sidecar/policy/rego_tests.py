@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from sidecar.policy.engine import PolicyError
+from sidecar.core.policy import PolicyError
 from sidecar.policy.regorus_engine import (
     compile_sources,
     engine_error_message,

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import regorus
 
-from sidecar.policy.engine import PolicyError
+from sidecar.core.policy import PolicyError
 
 DEFAULT_QUERY = "data.retrieval_gate.chunks.reasons"
 _TEST_SUFFIX = "_test.rego"

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sidecar.policy.engine import PolicyError
+from sidecar.core.policy import PolicyError
 from sidecar.policy.regorus_engine import CompiledPolicy, read_rego_sources
 
 REQUEST_QUERY = "data.retrieval_gate.request.denials"

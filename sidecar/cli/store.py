@@ -1,0 +1,170 @@
+"""The ``retrieval-gate store ...`` subcommands, as functions of parsed arguments.
+
+Each returns the process exit code: 0 done, 1 refused or failed (nothing was
+changed), 2 unusable store URL. Errors go to stderr and name the record and
+field. The store URL is never printed unredacted (it may carry a password),
+and chunk text only by ``show --with-text``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+
+from sidecar.core.record import Status
+from sidecar.store import postgres
+from sidecar.store.loader import RecordsInvalid, load_jsonl, quote_for_message, record_to_json
+from sidecar.store.open import is_postgres_url, open_store
+from sidecar.store.schema import latest_version
+from sidecar.store.sqlite import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
+from sidecar.store.store import LifecycleError, MetadataStore, StoreUnavailable
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_URL = 2
+
+
+def load(args: argparse.Namespace) -> int:
+    """``store load --store URL FILE``: validate a JSON Lines file and upsert it, all or none."""
+    try:
+        records = load_jsonl(args.file)
+    except RecordsInvalid as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"cannot read {args.file}: {exc.strerror or exc}")
+
+    def upsert(store: MetadataStore) -> int:
+        count = store.upsert(records)
+        print(f"loaded {count} records from {args.file}")
+        return EXIT_OK
+
+    return _with_store(args.store, upsert, failure="nothing loaded: ")
+
+
+def migrate(args: argparse.Namespace) -> int:
+    """``store migrate --store URL``: bring the store's schema to this build's version.
+
+    PostgreSQL applies the pending versioned migrations; SQLite creates or
+    upgrades its schema whenever it is opened, so there it only reports.
+    """
+    if not is_postgres_url(args.store):
+
+        def report(store: MetadataStore) -> int:
+            print(f"SQLite schema is at version {SQLITE_SCHEMA_VERSION}")
+            return EXIT_OK
+
+        return _with_store(args.store, report)
+    try:
+        applied = postgres.migrate(args.store)
+    except ValueError as exc:
+        return _fail(str(exc), EXIT_BAD_URL)
+    except StoreUnavailable as exc:
+        return _fail(str(exc))
+    for migration in applied:
+        print(f"applied migration {migration.version:04d} {migration.name}")
+    print(f"PostgreSQL schema is at version {latest_version()}")
+    return EXIT_OK
+
+
+def revoke(args: argparse.Namespace) -> int:
+    """``store revoke --store URL ID``: the chunk is never admitted again (STATUS_REVOKED)."""
+    return _set_status(args.store, args.chunk_id, Status.REVOKED)
+
+
+def quarantine(args: argparse.Namespace) -> int:
+    """``store quarantine --store URL ID``: withhold the chunk pending review."""
+    return _set_status(args.store, args.chunk_id, Status.QUARANTINED)
+
+
+def supersede(args: argparse.Namespace) -> int:
+    """``store supersede --store URL OLD --by NEW``: OLD is replaced by NEW, which must exist."""
+    return _set_status(args.store, args.old, Status.SUPERSEDED, superseded_by=args.by)
+
+
+def show(args: argparse.Namespace) -> int:
+    """``store show --store URL ID [--with-text]``: print the record as JSON.
+
+    The output is the record's JSON Lines form plus ``signature_valid``;
+    ``text`` is left out unless ``--with-text`` is given.
+    """
+
+    def print_record(store: MetadataStore) -> int:
+        record = store.get(args.chunk_id)
+        if record is None:
+            return _fail(f"chunk {quote_for_message(args.chunk_id)}: no such record")
+        shown = record_to_json(record, with_text=args.with_text)
+        shown["signature_valid"] = record.signature_valid
+        print(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode())
+        return EXIT_OK
+
+    return _with_store(args.store, print_record)
+
+
+def add_store_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the store subcommands to ``commands`` (the subparsers of ``store``)."""
+
+    def command(
+        name: str, func: Callable[[argparse.Namespace], int], summary: str
+    ) -> argparse.ArgumentParser:
+        parser = commands.add_parser(name, help=summary, description=func.__doc__)
+        parser.add_argument(
+            "--store",
+            required=True,
+            help="store URL, e.g. sqlite:///gate.db or postgresql://gate@db/gate "
+            "(put the password in PGPASSWORD or ~/.pgpass, not in the URL)",
+        )
+        parser.set_defaults(func=func)
+        return parser
+
+    command("load", load, "validate a JSON Lines file and upsert it (all or nothing)").add_argument(
+        "file", type=Path
+    )
+    command("migrate", migrate, "create or upgrade the store's schema")
+    command("revoke", revoke, "revoke a chunk").add_argument("chunk_id", metavar="ID")
+    command("quarantine", quarantine, "quarantine a chunk").add_argument("chunk_id", metavar="ID")
+    superseding = command("supersede", supersede, "mark a chunk superseded by another")
+    superseding.add_argument("old", metavar="OLD")
+    superseding.add_argument("--by", required=True, metavar="NEW")
+    showing = command("show", show, "print a chunk's record as JSON (without its text)")
+    showing.add_argument("chunk_id", metavar="ID")
+    showing.add_argument(
+        "--with-text", action="store_true", help="include the chunk text (off by default)"
+    )
+
+
+def _set_status(
+    url: str, chunk_id: str, status: Status, *, superseded_by: str | None = None
+) -> int:
+    def change(store: MetadataStore) -> int:
+        record = store.set_status(chunk_id, status, superseded_by)
+        done = f"chunk {quote_for_message(record.chunk_id)} is now {record.status}"
+        if record.superseded_by is not None:
+            done += f", superseded by {quote_for_message(record.superseded_by)}"
+        print(done)
+        return EXIT_OK
+
+    return _with_store(url, change, failure="nothing changed: ")
+
+
+def _with_store(url: str, action: Callable[[MetadataStore], int], *, failure: str = "") -> int:
+    try:
+        store = open_store(url)
+    except StoreUnavailable as exc:
+        return _fail(str(exc))
+    except ValueError as exc:
+        return _fail(str(exc), EXIT_BAD_URL)
+    try:
+        return action(store)
+    except (LifecycleError, ValueError, StoreUnavailable) as exc:
+        return _fail(f"{failure}{exc}")
+    finally:
+        store.close()
+
+
+def _fail(message: str, code: int = EXIT_FAILED) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code

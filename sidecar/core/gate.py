@@ -1,0 +1,210 @@
+"""The decision core: caller + candidates + records + clock -> one decision per chunk.
+
+Pure: no I/O, no Envoy, no HTTP. The caller of :meth:`Gate.decide` has already
+looked the candidates up in the metadata store; the gate runs the checks that
+need no policy (shape, presence, integrity), evaluates the Rego policy once for
+the whole batch, and merges everything into reasons in canonical order.
+
+When the policy declares itself time-pure, the policy's reasons per (caller,
+record, policy version) are kept in a VerdictCache until the record's next
+validity boundary, and Rego runs only for the records of a batch without a
+valid entry (policies/README.md, "Verdict cache"). The integrity and signature
+checks run for every candidate of every response.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime
+from hashlib import sha256
+
+from sidecar.core.caller import Caller
+from sidecar.core.decision import ChunkDecision, Verdict
+from sidecar.core.hits import Candidate
+from sidecar.core.integrity import canonical_sha256
+from sidecar.core.policy import PolicyEngine, PolicyError, policy_input, to_epoch_ns
+from sidecar.core.reasons import Reason, ReasonOrder
+from sidecar.core.record import ChunkRecord
+from sidecar.core.verdict_cache import CallerKey, VerdictCache
+
+# Verdict cache entries by default: one per (caller, chunk record) pair.
+DEFAULT_VERDICT_CACHE_SIZE = 20_000
+
+
+def _text_matches(text: str, expected_sha256: str) -> bool:
+    try:
+        return canonical_sha256(text) == expected_sha256
+    except UnicodeEncodeError:
+        # Lone surrogates have no canonical hash, so they cannot match any record.
+        return False
+
+
+class Gate:
+    """Decides, per candidate chunk, whether this caller may use it now."""
+
+    def __init__(
+        self,
+        policy: PolicyEngine,
+        order: ReasonOrder | None = None,
+        *,
+        verdict_cache_size: int = DEFAULT_VERDICT_CACHE_SIZE,
+    ) -> None:
+        """``verdict_cache_size`` bounds the verdict cache (entries); 0 turns it off.
+
+        Verdicts are cached only when the policy declares itself time-pure
+        (``policy.time_pure``); see VerdictCache and policies/README.md.
+        """
+        if verdict_cache_size < 0:
+            raise ValueError("verdict_cache_size must not be negative")
+        self._policy = policy
+        self._order = order or ReasonOrder()
+        self._canonical_reasons: dict[tuple[str, ...], tuple[str, ...]] = {}
+        cacheable = getattr(policy, "time_pure", False) is True
+        self._verdicts = (
+            VerdictCache(verdict_cache_size) if cacheable and verdict_cache_size else None
+        )
+
+    @property
+    def verdict_cache(self) -> VerdictCache | None:
+        """The verdict cache; None when the policy is not time-pure or caching is off."""
+        return self._verdicts
+
+    def clear_verdict_cache(self) -> None:
+        """Forget every cached verdict (e.g. for a benchmark of the uncached path)."""
+        if self._verdicts is not None:
+            self._verdicts.clear()
+
+    def decide(
+        self,
+        caller: Caller,
+        candidates: Sequence[Candidate],
+        records: Mapping[str, ChunkRecord],
+        unavailable: Collection[str],
+        now: datetime,
+    ) -> Verdict:
+        """Return one decision per candidate, in candidate order.
+
+        ``records`` holds the store's answer for the candidates' ids; an id in
+        ``unavailable`` could not be looked up. ``now`` must be timezone-aware.
+        """
+        if now.tzinfo is None:
+            raise ValueError("now must be timezone-aware")
+        version = self._policy.version
+
+        # Policy input is per unique record: batch responses repeat chunks.
+        to_evaluate: dict[str, ChunkRecord] = {}
+        for candidate in candidates:
+            chunk_id = candidate.chunk_id
+            if chunk_id is not None and candidate.text is not None:
+                record = records.get(chunk_id)
+                if record is not None and chunk_id not in unavailable:
+                    to_evaluate[chunk_id] = record
+
+        # Reasons from the policy per chunk id, in canonical order; None: the policy failed.
+        policy_reasons: dict[str, tuple[str, ...]] | None = {}
+        cached = 0
+        if to_evaluate:
+            policy_reasons, cached = self._policy_reasons(caller, to_evaluate, version, now)
+
+        order = self._order
+        decisions = []
+        for candidate in candidates:
+            position = candidate.position
+            chunk_id = candidate.chunk_id
+            if chunk_id is None or candidate.text is None:
+                detail = candidate.problem or "hit has no id or no text"
+                decisions.append(
+                    ChunkDecision(position, chunk_id, (Reason.MALFORMED_CHUNK,), detail)
+                )
+                continue
+            if chunk_id in unavailable:
+                decisions.append(ChunkDecision(position, chunk_id, _UNAVAILABLE))
+                continue
+            record = to_evaluate.get(chunk_id)
+            if record is None:
+                decisions.append(ChunkDecision(position, chunk_id, _MISSING))
+                continue
+            reasons = _POLICY_ERROR if policy_reasons is None else policy_reasons[chunk_id]
+            # Integrity and signature depend on the returned text and the
+            # store's answer: checked for every candidate, never cached.
+            text = candidate.text
+            if text.isascii() and "\r" not in text:
+                # Already canonical (integrity.canonical_text): hash it as it is.
+                intact = sha256(text.encode()).hexdigest() == record.sha256
+            else:
+                intact = _text_matches(text, record.sha256)
+            signed = record.signature_valid or not record.requires_signature
+            if not (intact and signed):
+                extra = [] if intact else [Reason.HASH_MISMATCH]
+                if not signed:
+                    extra.append(Reason.SIGNATURE_MISSING)
+                reasons = order.sort([*reasons, *extra])
+            decisions.append(ChunkDecision(position, chunk_id, reasons))
+        return Verdict(
+            decisions=tuple(decisions),
+            policy_version=version,
+            policy_failed=policy_reasons is None,
+            verdicts_cached=cached,
+            verdicts_evaluated=len(to_evaluate) - cached,
+        )
+
+    def _policy_reasons(
+        self,
+        caller: Caller,
+        records: Mapping[str, ChunkRecord],
+        version: str,
+        now: datetime,
+    ) -> tuple[dict[str, tuple[str, ...]] | None, int]:
+        """The policy's reasons for each record, from the verdict cache where it
+        holds them, else from one evaluation for the rest (None when that
+        fails); and how many came from the cache."""
+        verdicts = self._verdicts
+        now_ns = to_epoch_ns(now)
+        caller_key: CallerKey = (version, caller.tenant, caller.principals, caller.drafts_allowed)
+        if verdicts is None:
+            found: dict[str, tuple[str, ...]] = {}
+            missing: Mapping[str, ChunkRecord] = records
+        else:
+            found, missing = verdicts.lookup(caller_key, records, now_ns)
+        if not missing:
+            return found, len(found)
+        document = policy_input(caller, list(missing.values()), now)
+        try:
+            answer = self._policy.evaluate(document)
+        except PolicyError:
+            # Fail the whole response as an uncached gate would: no chunk gets
+            # a verdict from an evaluation that did not complete.
+            return None, len(found)
+        for chunk_id, chunk in zip(missing, document["chunks"], strict=True):
+            raw = answer.get(chunk_id)
+            if raw is None:
+                # A policy that says nothing about a chunk has not admitted it.
+                found[chunk_id] = _POLICY_ERROR
+                continue
+            reasons = self._canonical(raw)
+            found[chunk_id] = reasons
+            if verdicts is not None:
+                boundaries = (chunk["effective_at_ns"], chunk["expires_at_ns"])
+                verdicts.put(caller_key, missing[chunk_id], now_ns, boundaries, reasons)
+        return found, len(records) - len(missing)
+
+    def _canonical(self, raw: Sequence[str]) -> tuple[str, ...]:
+        """The policy's reasons for one chunk in canonical order, undeclared ones
+        as POLICY_DENY; remembered per distinct answer (a handful in practice)."""
+        key = tuple(raw)
+        reasons = self._canonical_reasons.get(key)
+        if reasons is None:
+            order = self._order
+            reasons = order.sort(r if order.known(r) else Reason.POLICY_DENY for r in key)
+            if len(self._canonical_reasons) >= _CANONICAL_KEPT:
+                self._canonical_reasons.clear()
+            self._canonical_reasons[key] = reasons
+        return reasons
+
+
+# Distinct policy answers remembered with their canonical form.
+_CANONICAL_KEPT = 1024
+
+_UNAVAILABLE: tuple[str, ...] = (Reason.METADATA_UNAVAILABLE,)
+_MISSING: tuple[str, ...] = (Reason.MISSING_METADATA,)
+_POLICY_ERROR: tuple[str, ...] = (Reason.POLICY_ERROR,)

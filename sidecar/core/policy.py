@@ -1,0 +1,79 @@
+"""The interface every policy engine implements, and the input document it is given."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from sidecar.core.caller import Caller
+from sidecar.core.record import ChunkRecord
+
+
+class PolicyError(Exception):
+    """The policy could not be loaded or evaluated.
+
+    Callers deny: every affected chunk gets POLICY_ERROR, and a request whose
+    request policy fails is refused.
+    """
+
+
+class PolicyEngine(Protocol):
+    """A chunk policy engine.
+
+    An engine may also have a ``time_pure`` attribute: ``True`` when the loaded
+    policy declares that its verdicts may be cached per (caller, record) until
+    the record's next validity boundary (policies/README.md, "Verdict cache").
+    The gate reads it with a default of ``False``, so engines without it are
+    evaluated for every chunk of every response.
+    """
+
+    @property
+    def version(self) -> str:
+        """Identifies the loaded policy (a digest of its sources) for audit records."""
+        ...
+
+    def evaluate(self, policy_input: Mapping[str, Any]) -> Mapping[str, list[str]]:
+        """Evaluate the chunk policy once for a whole response.
+
+        ``policy_input`` follows the contract in policies/README.md. Returns
+        reasons per chunk id; an empty list admits the chunk. Raises PolicyError
+        on any engine failure.
+        """
+        ...
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MICROSECOND = timedelta(microseconds=1)
+
+
+def to_epoch_ns(moment: datetime) -> int:
+    """Nanoseconds since the Unix epoch, exact to the microsecond (no float rounding)."""
+    return (moment - _EPOCH) // _ONE_MICROSECOND * 1000
+
+
+def policy_input(caller: Caller, records: Sequence[ChunkRecord], now: datetime) -> dict[str, Any]:
+    """Build the policy input document (contract in policies/README.md)."""
+    return {
+        "caller": {
+            "tenant": caller.tenant,
+            "principals": sorted(caller.principals),
+            "drafts_allowed": caller.drafts_allowed,
+        },
+        "now_ns": to_epoch_ns(now),
+        "chunks": [
+            {
+                "id": r.chunk_id,
+                "doc_id": r.doc_id,
+                "version": r.version,
+                "tenant_id": r.tenant_id,
+                "allowed_principals": list(r.allowed_principals),
+                "status": r.status.value,
+                "effective_at_ns": to_epoch_ns(r.effective_at),
+                "expires_at_ns": None if r.expires_at is None else to_epoch_ns(r.expires_at),
+                "requires_signature": r.requires_signature,
+                "source_uri": r.source_uri,
+            }
+            for r in records
+        ],
+    }

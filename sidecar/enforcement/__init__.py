@@ -1,0 +1,1 @@
+"""The response path, protocol-free: parse, look up, decide, release, record."""

@@ -1,1 +1,0 @@
-"""Authoritative chunk metadata: the store interface, its backends and the cache."""

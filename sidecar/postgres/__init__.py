@@ -1,0 +1,1 @@
+"""PostgreSQL helpers shared by the chunk store and the audit sink."""

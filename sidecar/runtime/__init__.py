@@ -1,0 +1,1 @@
+"""Running the gate: the sidecar server, worker processes, Envoy bootstrap and supervision."""

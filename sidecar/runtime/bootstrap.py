@@ -1,0 +1,230 @@
+"""The Envoy configuration that `retrieval-gate proxy` runs.
+
+Also the reference for operators who bring their own Envoy: the filter chain
+(jwt_authn for envoy-jwt identity, then ext_proc, then the router) and every
+fail-closed setting here are what a mesh configuration must reproduce. The
+sidecar admits each request in its ext_proc stream, so one gRPC stream serves
+the whole request; a mesh may put an ext_authz filter (the sidecar serves that
+API too) in front of ext_proc instead, at the cost of a second stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from sidecar.config import IdentityMode, Settings
+from sidecar.envoy.ext_proc import IDENTITY_NAMESPACE
+from sidecar.identity.envoy_jwt import JWT_AUTHN_NAMESPACE
+from sidecar.runtime.jwt_authn import jwks_cluster, jwt_authn_filter
+from sidecar.runtime.workers import worker_addresses
+
+_TYPE = "type.googleapis.com/"
+SIDECAR_CLUSTER = "retrieval_gate_sidecar"
+UPSTREAM_CLUSTER = "vector_db"
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    host: str
+    port: int
+    tls: bool
+
+    @classmethod
+    def parse(cls, url: str) -> Upstream:
+        """Parse ``http://host:port`` or ``https://host[:port]``."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"upstream must be http://host:port or https://host:port, got {url!r}")
+        if parts.path not in ("", "/"):
+            raise ValueError(f"upstream must not have a path, got {url!r}")
+        tls = parts.scheme == "https"
+        return cls(parts.hostname, parts.port or (443 if tls else 80), tls)
+
+
+def _address(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _sidecar_address(grpc_listen: str) -> dict[str, Any]:
+    if grpc_listen.startswith("unix:"):
+        return {"pipe": {"path": grpc_listen.removeprefix("unix:")}}
+    host, _, port = grpc_listen.rpartition(":")
+    return _address(host.strip("[]"), int(port))
+
+
+def _seconds(ms: int) -> str:
+    return f"{ms / 1000:.3f}s"
+
+
+def _http_filters(settings: Settings, generated_jwks: Path | None) -> list[dict[str, Any]]:
+    grpc_service = {
+        "envoy_grpc": {"cluster_name": SIDECAR_CLUSTER},
+        "timeout": _seconds(settings.message_timeout_ms),
+    }
+    verify_jwt = (
+        [jwt_authn_filter(settings, generated_jwks)]
+        if settings.identity is IdentityMode.ENVOY_JWT
+        else []
+    )
+    return [
+        *verify_jwt,
+        {
+            "name": "envoy.filters.http.ext_proc",
+            "typed_config": {
+                "@type": _TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+                "grpc_service": grpc_service,
+                # Stream failure: refuse (503 before the upstream is called, 500
+                # after); true would let requests through unadmitted and hand the
+                # client unfiltered bodies.
+                "failure_mode_allow": False,
+                "status_on_error": {"code": "ServiceUnavailable"},
+                "message_timeout": _seconds(settings.message_timeout_ms),
+                "allow_mode_override": True,
+                "processing_mode": {
+                    "request_header_mode": "SEND",
+                    "response_header_mode": "SEND",
+                    "request_body_mode": "NONE",
+                    "response_body_mode": "BUFFERED",
+                    "request_trailer_mode": "SKIP",
+                    "response_trailer_mode": "SKIP",
+                },
+                # The verified token payload from jwt_authn (envoy-jwt identity),
+                # and the caller from an ext_authz filter if a mesh puts one first.
+                "metadata_options": {
+                    "forwarding_namespaces": {"untyped": [JWT_AUTHN_NAMESPACE, IDENTITY_NAMESPACE]}
+                },
+            },
+        },
+        {
+            "name": "envoy.filters.http.router",
+            "typed_config": {"@type": _TYPE + "envoy.extensions.filters.http.router.v3.Router"},
+        },
+    ]
+
+
+def _upstream_cluster(upstream: Upstream) -> dict[str, Any]:
+    cluster: dict[str, Any] = {
+        "name": UPSTREAM_CLUSTER,
+        "type": "STRICT_DNS",
+        "connect_timeout": "5s",
+        "load_assignment": {
+            "cluster_name": UPSTREAM_CLUSTER,
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {"endpoint": {"address": _address(upstream.host, upstream.port)}}
+                    ]
+                }
+            ],
+        },
+    }
+    if upstream.tls:
+        cluster["transport_socket"] = {
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": _TYPE + "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": upstream.host,
+            },
+        }
+    return cluster
+
+
+def build_bootstrap(
+    settings: Settings,
+    *,
+    listen: tuple[str, int],
+    upstream: Upstream,
+    generated_jwks: Path | None = None,
+) -> dict[str, Any]:
+    """An Envoy bootstrap (JSON-able) for the proxy: listener -> gate filters -> upstream.
+
+    ``generated_jwks`` is the JWKS file written from a PEM key or HMAC secret
+    (``jwt_authn.write_generated_jwks``) for `envoy-jwt` identity.
+    """
+    host, port = listen
+    connection_manager = {
+        "@type": _TYPE
+        + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "retrieval_gate",
+        # One spelling per path: the gate matches routes on the path it sees, and
+        # the vector DB must receive that same path (the sidecar also refuses
+        # any %XX, // or dot segment that survives this).
+        "normalize_path": True,
+        "merge_slashes": True,
+        "path_with_escaped_slashes_action": "REJECT_REQUEST",
+        "route_config": {
+            "name": "vector_db",
+            "virtual_hosts": [
+                {
+                    "name": "vector_db",
+                    "domains": ["*"],
+                    "routes": [
+                        {
+                            "match": {"prefix": "/"},
+                            "route": {"cluster": UPSTREAM_CLUSTER, "timeout": "60s"},
+                        }
+                    ],
+                }
+            ],
+        },
+        "http_filters": _http_filters(settings, generated_jwks),
+    }
+    return {
+        "admin": {"address": _address("127.0.0.1", 0)},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "retrieval_gate",
+                    "address": _address(host, port),
+                    # Envoy buffers the whole response body for ext_proc; a body
+                    # over this limit is answered with an error, never passed.
+                    "per_connection_buffer_limit_bytes": settings.max_body_bytes,
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": connection_manager,
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": [
+                _upstream_cluster(upstream),
+                *([cluster] if (cluster := jwks_cluster(settings)) else []),
+                {
+                    "name": SIDECAR_CLUSTER,
+                    "type": "STATIC",
+                    "connect_timeout": "1s",
+                    # gRPC needs HTTP/2 to the sidecar; HTTP/1.1 fails every request.
+                    "typed_extension_protocol_options": {
+                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                            "@type": _TYPE
+                            + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                            "explicit_http_config": {"http2_protocol_options": {}},
+                        }
+                    },
+                    # One endpoint per worker process; each stream goes to the least busy.
+                    "lb_policy": "LEAST_REQUEST",
+                    "load_assignment": {
+                        "cluster_name": SIDECAR_CLUSTER,
+                        "endpoints": [
+                            {
+                                "lb_endpoints": [
+                                    {"endpoint": {"address": _sidecar_address(address)}}
+                                    for address in worker_addresses(
+                                        settings.grpc_listen, settings.workers
+                                    )
+                                ]
+                            }
+                        ],
+                    },
+                },
+            ],
+        },
+    }

@@ -1,0 +1,252 @@
+"""Assembles the sidecar from settings and runs its gRPC and metrics servers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import orjson
+from prometheus_client import start_http_server
+
+from sidecar.access import RequestAccess
+from sidecar.audit.jsonl import AuditSink, JsonlAuditSink, NullAuditSink
+from sidecar.audit.postgres import PostgresAuditSink
+from sidecar.config import ConfigError, IdentityMode, Settings, format_table
+from sidecar.core.gate import Gate
+from sidecar.core.reasons import ReasonOrder
+from sidecar.enforcement.response_filter import ResponseFilter
+from sidecar.envoy.ext_authz import AuthorizationServicer
+from sidecar.envoy.ext_proc import ExternalProcessorServicer
+from sidecar.identity import IdentityProvider
+from sidecar.identity.claims import ClaimMapping
+from sidecar.identity.envoy_jwt import EnvoyJwtPayload
+from sidecar.identity.headers import TrustedHeaders
+from sidecar.identity.jwt import JwtBearer, JwtVerifier, key_source
+from sidecar.metrics import GateMetrics
+from sidecar.policy.regorus_engine import RegorusEngine
+from sidecar.policy.request_policy import RequestPolicy
+from sidecar.store.cache import CachedStore
+from sidecar.store.listener import ChangeListener, change_listener
+from sidecar.store.open import open_store
+from sidecar.wire import ext_authz_pb2_grpc, ext_proc_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """Parse ``host:port`` (``[v6]:port`` allowed); raise ValueError naming the value."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"expected host:port, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def build_identity(settings: Settings) -> IdentityProvider:
+    """The identity provider for the configured mode."""
+    if settings.identity is IdentityMode.TRUSTED_HEADERS:
+        log.warning(
+            "identity mode 'trusted-headers' believes x-gate-tenant and x-gate-principals "
+            "as sent by the client: for development only, never in production"
+        )
+        return TrustedHeaders()
+    mapping = ClaimMapping(
+        tenant_claim=settings.tenant_claim,
+        principal_claims=settings.principal_claims,
+        drafts_scope=settings.drafts_scope,
+    )
+    assert settings.issuer is not None and settings.audience is not None  # load_settings
+    if settings.identity is IdentityMode.ENVOY_JWT:
+        return EnvoyJwtPayload(mapping, issuer=settings.issuer, audience=settings.audience)
+    if settings.identity is IdentityMode.JWT:
+        keys = key_source(
+            jwks=settings.jwks,
+            public_key=settings.jwt_public_key,
+            hmac_secret_file=settings.jwt_hmac_secret_file,
+        )
+        verifier = JwtVerifier(
+            keys,
+            issuer=settings.issuer,
+            audience=settings.audience,
+            leeway_seconds=settings.jwt_leeway_seconds,
+        )
+        return JwtBearer(verifier, mapping)
+    raise ConfigError(f"unsupported identity mode {settings.identity!r}")
+
+
+def build_audit(settings: Settings, metrics: GateMetrics) -> AuditSink:
+    """The audit sink: nothing, a JSON Lines file, or that file as a spool shipped to PostgreSQL."""
+    if settings.audit_log is None:
+        log.warning("no audit log configured (--audit-log): decisions are not recorded")
+        return NullAuditSink()
+    if settings.audit_store is None:
+        return JsonlAuditSink(settings.audit_log)
+
+    def report(backlog: int) -> None:
+        # Set, not set_function: with several workers only set values reach
+        # the parent's /metrics (prometheus-client multiprocess mode).
+        metrics.audit_backlog.set(backlog)
+        metrics.audit_shipping_failed.set(0 if sink.failure is None else 1)
+
+    sink = PostgresAuditSink(
+        settings.audit_log,
+        settings.audit_store,
+        chain_id=settings.audit_chain_id,
+        on_backlog=report,
+    )
+    report(sink.backlog)
+    sink.start()
+    return sink
+
+
+def load_policy_data(settings: Settings) -> dict[str, Any] | None:
+    """The --policy-data JSON document, or None."""
+    if settings.policy_data is None:
+        return None
+    try:
+        document = orjson.loads(settings.policy_data.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise ConfigError(f"policy data {settings.policy_data}: {exc}") from exc
+    if not isinstance(document, dict):
+        raise ConfigError(f"policy data {settings.policy_data}: must be a JSON object")
+    return document
+
+
+@dataclass
+class Sidecar:
+    """The assembled parts of one sidecar process."""
+
+    settings: Settings
+    metrics: GateMetrics
+    store: CachedStore
+    audit: AuditSink
+    response_filter: ResponseFilter
+    access: RequestAccess
+    listener: ChangeListener | None  # live invalidation (PostgreSQL); None for SQLite
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Sidecar:
+        metrics = GateMetrics()
+        inner = open_store(settings.store)
+        store = CachedStore(
+            inner,
+            ttl=settings.cache_ttl_seconds,
+            maxsize=settings.cache_size,
+            negative_ttl=settings.negative_cache_ttl_seconds,
+            negative_maxsize=settings.negative_cache_size,
+            stale_if_error_seconds=settings.stale_if_error_seconds,
+            observer=metrics,
+        )
+        data = load_policy_data(settings)
+        policy = RegorusEngine.from_directory(settings.policy_dir, data=data)
+        request_policy = RequestPolicy.from_directory(settings.policy_dir, data=data)
+        gate = Gate(
+            policy,
+            ReasonOrder(settings.custom_reasons),
+            verdict_cache_size=settings.verdict_cache_size,
+        )
+        formats = format_table(settings)
+        audit = build_audit(settings, metrics)
+        response_filter = ResponseFilter(
+            formats=formats,
+            store=store,
+            gate=gate,
+            audit=audit,
+            metrics=metrics,
+            route_policy=settings.route_policy,
+            overfetch_cap=settings.overfetch_cap,
+        )
+        log.info("policy %s loaded from %s", policy.version, settings.policy_dir)
+        access = RequestAccess(
+            build_identity(settings), request_policy, route_kind=formats.route_kind
+        )
+        listener = change_listener(inner, store)
+        return cls(settings, metrics, store, audit, response_filter, access, listener)
+
+    async def aclose(self) -> None:
+        """Stop listening, ship or close the audit trail, close the store."""
+        if self.listener is not None:
+            await self.listener.stop()
+        self.audit.close()
+        await self.store.aclose()
+
+
+class ListenError(OSError):
+    """The sidecar cannot listen on its gRPC address (e.g. another process has it)."""
+
+
+class SidecarServer:
+    """The gRPC server (ext_authz + ext_proc) and the /metrics endpoint."""
+
+    def __init__(self, sidecar: Sidecar) -> None:
+        self.sidecar = sidecar
+        limit = sidecar.settings.grpc_max_message_bytes
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            # A second sidecar on the same port must fail, not silently share
+            # Envoy's streams (workers listen on port + i).
+            ("grpc.so_reuseport", 0),
+        ]
+        self._grpc = grpc.aio.server(options=options)
+        ext_proc_pb2_grpc.add_ExternalProcessorServicer_to_server(
+            ExternalProcessorServicer(
+                sidecar.response_filter,
+                sidecar.access,
+                max_body_bytes=sidecar.settings.max_body_bytes,
+            ),
+            self._grpc,
+        )
+        ext_authz_pb2_grpc.add_AuthorizationServicer_to_server(
+            AuthorizationServicer(sidecar.access), self._grpc
+        )
+        self._metrics_server: Any = None
+
+    async def start(self) -> None:
+        settings = self.sidecar.settings
+        listener = self.sidecar.listener
+        if listener is not None:
+            await listener.start()
+            # Serving before the first LISTEN would miss revocations meanwhile;
+            # the cache starts empty, so a late start only costs store lookups.
+            if not await listener.wait_listening(5.0):
+                log.warning("change listener not connected yet; cache TTL bounds staleness")
+        address = settings.grpc_listen
+        try:
+            port = self._grpc.add_insecure_port(address)
+        except RuntimeError as exc:  # grpc's way of saying the address is taken
+            raise ListenError(f"cannot listen on {address}: {exc}") from None
+        if port == 0 and not address.startswith("unix:"):
+            raise ListenError(f"cannot listen on {address}")
+        await self._grpc.start()
+        log.info("gRPC (ext_authz, ext_proc) listening on %s", address)
+        if settings.metrics:
+            host, port = split_host_port(settings.metrics)
+            self._metrics_server, _ = start_http_server(
+                port, addr=host, registry=self.sidecar.metrics.registry
+            )
+            log.info("metrics on http://%s/metrics", settings.metrics)
+
+    async def wait(self) -> None:
+        await self._grpc.wait_for_termination()
+
+    async def stop(self, grace: float = 2.0) -> None:
+        await self._grpc.stop(grace)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+        await self.sidecar.aclose()
+
+
+async def serve_until_signalled(settings: Settings) -> None:
+    """Run one sidecar process until SIGINT or SIGTERM, then stop it gracefully."""
+    server = SidecarServer(Sidecar.from_settings(settings))
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    await server.stop()

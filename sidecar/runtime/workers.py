@@ -1,0 +1,195 @@
+"""Several sidecar processes: the model for using every core.
+
+One Python process is bound by its interpreter lock, so with ``workers = N``
+the sidecar runs N worker processes, each a complete sidecar serving its own
+address (:func:`worker_addresses`); Envoy's sidecar cluster lists all of them
+and sends each new stream to the least busy one. Workers are spawned, never
+forked (gRPC does not survive a fork). Metrics are aggregated across workers
+with prometheus-client's multiprocess mode and served by the parent. Each
+worker keeps its own cache, change listener and audit chain
+(:func:`worker_audit_log`), so ``audit verify`` checks one file per worker.
+
+A worker that dies stops the whole pool: the parent exits non-zero and the
+process supervisor (Kubernetes, systemd, ``proxy``) restarts it, rather than
+the pool running on with a share of Envoy's streams failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import tempfile
+import time
+from dataclasses import replace
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from sidecar.config import Settings
+
+log = logging.getLogger(__name__)
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+_START_SECONDS = 30.0
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def worker_addresses(grpc_listen: str, workers: int) -> list[str]:
+    """The address of each worker: ``unix:/p`` -> ``unix:/p.0`` ...; ``host:port`` -> port + i.
+
+    One worker keeps the address as configured.
+    """
+    if workers == 1:
+        return [grpc_listen]
+    if grpc_listen.startswith("unix:"):
+        return [f"{grpc_listen}.{i}" for i in range(workers)]
+    host, _, port = grpc_listen.rpartition(":")
+    return [f"{host}:{int(port) + i}" for i in range(workers)]
+
+
+def worker_audit_log(audit_log: Path, index: int, workers: int) -> Path:
+    """Worker ``index``'s audit file: ``decisions.jsonl`` -> ``decisions.2.jsonl``."""
+    if workers == 1:
+        return audit_log
+    return audit_log.with_name(f"{audit_log.stem}.{index}{audit_log.suffix}")
+
+
+def worker_settings(settings: Settings, index: int) -> Settings:
+    """The settings worker ``index`` runs with: its own address and audit chain, no /metrics."""
+    workers = settings.workers
+    chain_id = settings.audit_chain_id
+    return replace(
+        settings,
+        workers=1,
+        grpc_listen=worker_addresses(settings.grpc_listen, workers)[index],
+        audit_log=(
+            None
+            if settings.audit_log is None
+            else worker_audit_log(settings.audit_log, index, workers)
+        ),
+        audit_chain_id=None if chain_id is None else f"{chain_id}.{index}",
+        metrics=None,
+    )
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Have the kernel SIGTERM this worker when the parent dies, even by SIGKILL (Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        log.warning("cannot tie worker %d to its parent; stop workers with the parent", os.getpid())
+    if os.getppid() != parent:
+        # The parent died before the request took effect.
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _run_worker(settings: Settings, parent: int) -> None:
+    _exit_with_parent(parent)
+    # Imported in the worker, after the parent set the multiprocess directory.
+    from sidecar.runtime.server import serve_until_signalled
+
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(message)s"
+    )
+    asyncio.run(serve_until_signalled(settings))
+
+
+def _accepts(address: str) -> bool:
+    target: str | tuple[str, int]
+    if address.startswith("unix:"):
+        family, target = socket.AF_UNIX, address.removeprefix("unix:")
+    else:
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        family, target = (socket.AF_INET6 if ":" in host else socket.AF_INET), (host, int(port))
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        try:
+            probe.connect(target)
+        except OSError:
+            return False
+    return True
+
+
+class WorkerPool:
+    """N sidecar worker processes and the aggregated /metrics endpoint."""
+
+    def __init__(self, settings: Settings) -> None:
+        if settings.workers < 2:
+            raise ValueError("a worker pool needs workers >= 2")
+        self.settings = settings
+        self._processes: list[BaseProcess] = []
+        self._metrics_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._metrics_server: Any = None
+
+    async def start(self) -> None:
+        """Spawn the workers and return once every one accepts connections (30 s at most)."""
+        self._metrics_dir = tempfile.TemporaryDirectory(prefix="retrieval-gate-metrics-")
+        # Workers read it when they import prometheus_client; spawn passes the environment.
+        os.environ[MULTIPROC_ENV] = self._metrics_dir.name
+        context = multiprocessing.get_context("spawn")
+        for index in range(self.settings.workers):
+            process: BaseProcess = context.Process(
+                target=_run_worker,
+                args=(worker_settings(self.settings, index), os.getpid()),
+                name=f"retrieval-gate-worker-{index}",
+            )
+            process.start()
+            self._processes.append(process)
+        addresses = worker_addresses(self.settings.grpc_listen, self.settings.workers)
+        deadline = time.monotonic() + _START_SECONDS
+        for process, address in zip(self._processes, addresses, strict=True):
+            while not await asyncio.to_thread(_accepts, address):
+                if not process.is_alive():
+                    raise RuntimeError(f"worker {process.name} exited with {process.exitcode}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"worker {process.name} did not listen on {address}")
+                await asyncio.sleep(0.05)
+        log.info("%d workers listening on %s", len(addresses), ", ".join(addresses))
+        if self.settings.metrics:
+            from sidecar.runtime.server import split_host_port
+
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry, path=self._metrics_dir.name)  # type: ignore[no-untyped-call]
+            host, port = split_host_port(self.settings.metrics)
+            self._metrics_server, _ = start_http_server(port, addr=host, registry=registry)
+            log.info("metrics (all workers) on http://%s/metrics", self.settings.metrics)
+
+    @property
+    def pids(self) -> list[int]:
+        """The workers' process ids."""
+        return [p.pid for p in self._processes if p.pid is not None]
+
+    async def wait(self) -> int:
+        """Return the exit code of the first worker that exits."""
+        while True:
+            for process in self._processes:
+                if not process.is_alive():
+                    return process.exitcode if process.exitcode is not None else 1
+            await asyncio.sleep(0.2)
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM every worker, wait ``grace`` seconds, then kill what is left."""
+        for process in self._processes:
+            if process.is_alive():
+                process.terminate()
+        deadline = time.monotonic() + grace
+        for process in self._processes:
+            await asyncio.to_thread(process.join, max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                await asyncio.to_thread(process.join)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+        if self._metrics_dir is not None:
+            os.environ.pop(MULTIPROC_ENV, None)
+            self._metrics_dir.cleanup()

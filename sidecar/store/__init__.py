@@ -1,0 +1,1 @@
+"""The chunk metadata store: interface, SQLite and PostgreSQL backends, cache, loader."""

@@ -1,0 +1,52 @@
+"""Rules for changing a chunk's status, shared by every store backend.
+
+Backends read the chunk and its would-be successor inside the transaction that
+changes the status (rows locked), call ``check_status_change`` and write only if
+it passes, so two concurrent changes cannot together break a rule.
+"""
+
+from __future__ import annotations
+
+from sidecar.core.record import ChunkRecord, Status
+from sidecar.store.loader import quote_for_message
+from sidecar.store.store import ChunkNotFound, LifecycleError
+
+# A successor in one of these states cannot be the authority that replaces a
+# chunk: a chain must end in a chunk that may still be served.
+_DEAD_ENDS = frozenset({Status.SUPERSEDED, Status.REVOKED})
+
+
+def check_status_change(
+    chunk_id: str,
+    status: Status,
+    superseded_by: str | None,
+    *,
+    current: ChunkRecord | None,
+    successor: ChunkRecord | None,
+) -> None:
+    """Raise ChunkNotFound or LifecycleError unless the change may be written.
+
+    ``current`` is the chunk's record and ``successor`` the record of
+    ``superseded_by`` (None when either has no record).
+    """
+    if current is None:
+        raise ChunkNotFound("no such record", chunk_id=chunk_id)
+
+    def refuse(message: str) -> LifecycleError:
+        return LifecycleError(message, chunk_id=chunk_id, field="superseded_by")
+
+    if status is not Status.SUPERSEDED:
+        if superseded_by is not None:
+            raise refuse(f"only a superseded chunk names a successor (new status is {status})")
+        return
+    if superseded_by is None:
+        raise refuse("status superseded needs the id of the chunk that replaces it")
+    if superseded_by == chunk_id:
+        raise refuse("a chunk cannot supersede itself")
+    quoted = quote_for_message(superseded_by)
+    if successor is None:
+        raise refuse(f"successor chunk {quoted} has no record; load it first")
+    if successor.status in _DEAD_ENDS:
+        raise refuse(f"successor chunk {quoted} is itself {successor.status}")
+    if successor.tenant_id != current.tenant_id:
+        raise refuse(f"successor chunk {quoted} belongs to another tenant")

@@ -1,0 +1,388 @@
+"""PostgreSQL metadata store: the production backend, shared by many sidecars.
+
+Table ``chunks`` has one column per record field (``allowed_principals`` as
+``text[]``, timestamps as ``timestamptz``, ``requires_signature`` as
+``boolean``) and CHECK constraints that mirror the record contract; table
+``electronic_signatures`` holds signatures per document version. Both are
+created by the versioned migrations in ``schema.py``; a store refuses to open
+a database whose schema is not at this build's version.
+
+``fetch`` (the sidecar's hot path) runs on an asyncio connection pool and asks
+for all ids of a response in one statement, ``signature_valid`` included. The
+synchronous operations (``upsert``, ``get``, ``set_status``; the CLI's) each
+use a short-lived connection of their own.
+
+The connection URL may carry a password; every message this module produces
+or passes on is scrubbed of it (see ``dsn.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool
+
+from sidecar.core.record import ChunkRecord, Status
+from sidecar.postgres.dsn import PostgresUrl, parse_postgres_url
+from sidecar.postgres.errors import describe_error
+from sidecar.store.lifecycle import check_status_change
+from sidecar.store.schema import Migration, apply_migrations, check_schema
+from sidecar.store.store import StoreUnavailable
+
+_log = logging.getLogger(__name__)
+
+_SELECT = """
+    SELECT c.chunk_id, c.doc_id, c.version, c.tenant_id, c.allowed_principals, c.status,
+           c.effective_at, c.expires_at, c.sha256, c.source_uri, c.superseded_by,
+           c.requires_signature, c.text,
+           EXISTS (SELECT 1 FROM electronic_signatures AS s
+                   WHERE s.doc_id = c.doc_id AND s.version = c.version AND s.is_valid)
+    FROM chunks AS c
+"""
+_FETCH = _SELECT + " WHERE c.chunk_id = ANY(%s)"
+_GET = _SELECT + " WHERE c.chunk_id = %s"
+# Both rows locked, in a fixed order so that two status changes cannot deadlock.
+_LOCK = _SELECT + " WHERE c.chunk_id = ANY(%s) ORDER BY c.chunk_id FOR UPDATE OF c"
+_SET_STATUS = "UPDATE chunks SET status = %s, superseded_by = %s WHERE chunk_id = %s"
+# Upserts go through a staging table filled by COPY: several times faster than
+# one INSERT per record for a large file.
+_STAGE = "CREATE TEMP TABLE chunks_upsert (LIKE chunks) ON COMMIT DROP"
+_COPY = """
+    COPY chunks_upsert (chunk_id, doc_id, version, tenant_id, allowed_principals, status,
+                        effective_at, expires_at, sha256, source_uri, superseded_by,
+                        requires_signature, text) FROM STDIN
+"""
+# An unchanged record is not rewritten: no row version, no notification, so
+# reloading a whole file does not flush every sidecar's cache.
+_MERGE = """
+    INSERT INTO chunks (chunk_id, doc_id, version, tenant_id, allowed_principals, status,
+                        effective_at, expires_at, sha256, source_uri, superseded_by,
+                        requires_signature, text)
+    SELECT chunk_id, doc_id, version, tenant_id, allowed_principals, status,
+           effective_at, expires_at, sha256, source_uri, superseded_by,
+           requires_signature, text
+    FROM chunks_upsert
+    ON CONFLICT (chunk_id) DO UPDATE SET
+        doc_id = excluded.doc_id, version = excluded.version, tenant_id = excluded.tenant_id,
+        allowed_principals = excluded.allowed_principals, status = excluded.status,
+        effective_at = excluded.effective_at, expires_at = excluded.expires_at,
+        sha256 = excluded.sha256, source_uri = excluded.source_uri,
+        superseded_by = excluded.superseded_by,
+        requires_signature = excluded.requires_signature, text = excluded.text
+    WHERE ROW(chunks.*) IS DISTINCT FROM ROW(excluded.*)
+"""
+
+DEFAULT_QUERY_TIMEOUT_S = 1.0
+DEFAULT_CONNECT_TIMEOUT_S = 5
+APPLICATION_NAME = "retrieval-gate"
+
+
+class PostgresStore:
+    """MetadataStore on a PostgreSQL database migrated to this build's schema.
+
+    Raises ValueError for a malformed URL and StoreUnavailable (SchemaMismatch
+    for a missing, older or newer schema) when the database cannot be used.
+    ``query_timeout_s`` bounds each ``fetch``, waiting for a pooled connection
+    included: a response waits no longer than that for its metadata. The pool
+    opens on the first ``fetch`` and belongs to that event loop: fetch from
+    that loop only, and release it with ``aclose`` there.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_min_size: int = 1,
+        pool_max_size: int = 8,
+        query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S,
+    ) -> None:
+        self.url = parse_postgres_url(url)
+        self._query_timeout_s = query_timeout_s
+        self._closed = False
+        with _connection(self.url) as connection:
+            check_schema(connection, self.url.redacted)
+        self._pool = AsyncConnectionPool(
+            self.url.url,
+            kwargs=connect_options(self.url) | {"autocommit": True},
+            min_size=pool_min_size,
+            max_size=pool_max_size,
+            open=False,
+            configure=_configure,
+            timeout=query_timeout_s,
+            name="retrieval-gate-metadata",
+        )
+        self._pool_opened = False
+
+    async def fetch(self, chunk_ids: Collection[str]) -> Mapping[str, ChunkRecord]:
+        """Look up records in one statement; absent ids are left out of the result.
+
+        Raises StoreUnavailable when the database cannot answer within the
+        query timeout.
+        """
+        ids = list(dict.fromkeys(chunk_ids))
+        if not ids:
+            return {}
+        if self._closed:
+            raise StoreUnavailable("PostgreSQL metadata store is closed")
+        try:
+            async with asyncio.timeout(self._query_timeout_s):
+                if not self._pool_opened:
+                    # Opened here rather than in __init__: the pool belongs to
+                    # the event loop that uses it.
+                    await self._pool.open(wait=False)
+                    self._pool_opened = True
+                try:
+                    rows = await self._select(ids)
+                except _ConnectionLost:
+                    # A pooled connection died (e.g. the server restarted), and
+                    # its siblings likely with it: replace the dead ones, then
+                    # retry; a read is safe to repeat.
+                    await self._pool.check()
+                    rows = await self._select(ids)
+        except TimeoutError:
+            raise StoreUnavailable(
+                f"PostgreSQL metadata query on {self.url} took longer than "
+                f"{self._query_timeout_s:g} s"
+            ) from None
+        except _ConnectionLost as lost:
+            raise StoreUnavailable(
+                self.url.scrub(
+                    f"PostgreSQL metadata query on {self.url} lost its connection: "
+                    f"{describe_error(lost.error)}"
+                )
+            ) from None
+        except psycopg.Error as exc:
+            raise StoreUnavailable(
+                self.url.scrub(
+                    f"PostgreSQL metadata query on {self.url} failed: {describe_error(exc)}"
+                )
+            ) from None
+        return _decode_rows(rows)
+
+    async def _select(self, ids: list[str]) -> list[TupleRow]:
+        async with self._pool.connection() as connection:
+            try:
+                cursor = await connection.execute(_FETCH, (ids,))
+                return await cursor.fetchall()
+            except psycopg.OperationalError as exc:
+                if connection.broken:
+                    raise _ConnectionLost(exc) from exc
+                raise
+
+    def upsert(self, records: Iterable[ChunkRecord]) -> int:
+        """Insert or replace records in one transaction (all or none); return the count.
+
+        Raises ValueError when a record cannot be stored (naive datetime, or a
+        value the table's constraints reject) and StoreUnavailable on any other
+        database error; in both cases nothing is written.
+        """
+        batch = list(records)
+        # Encode first, so that a bad record fails before the transaction starts.
+        # The last record of an id wins, as if they were written one by one.
+        rows = {record.chunk_id: _encode(record) for record in batch}
+        with self._operation("upsert") as connection, connection.transaction():
+            connection.execute(_STAGE)
+            with connection.cursor() as cursor, cursor.copy(_COPY) as copy:
+                for row in rows.values():
+                    copy.write_row(row)
+            connection.execute(_MERGE)
+        return len(batch)
+
+    def get(self, chunk_id: str) -> ChunkRecord | None:
+        """The record of one chunk (text included), or None; raises StoreUnavailable."""
+        with self._operation("lookup") as connection:
+            row = connection.execute(_GET, (chunk_id,)).fetchone()
+        return None if row is None else _decode(row)
+
+    def set_status(
+        self, chunk_id: str, status: Status, superseded_by: str | None = None
+    ) -> ChunkRecord:
+        """Set status and successor with both rows locked; see ``MetadataStore.set_status``."""
+        ids = [chunk_id] if superseded_by is None else [chunk_id, superseded_by]
+        with self._operation("status change") as connection, connection.transaction():
+            found = _decode_rows(connection.execute(_LOCK, (ids,)).fetchall())
+            check_status_change(
+                chunk_id,
+                status,
+                superseded_by,
+                current=found.get(chunk_id),
+                successor=None if superseded_by is None else found.get(superseded_by),
+            )
+            connection.execute(_SET_STATUS, (Status(status).value, superseded_by, chunk_id))
+            row = connection.execute(_GET, (chunk_id,)).fetchone()
+        assert row is not None  # locked above, so still there
+        return _decode(row)
+
+    def close(self) -> None:
+        """Refuse further operations. The pool is released by ``aclose``."""
+        self._closed = True
+
+    async def aclose(self) -> None:
+        """Refuse further operations and close the pool (from the loop that fetched)."""
+        self._closed = True
+        if self._pool_opened:
+            await self._pool.close()
+
+    @contextmanager
+    def _operation(self, action: str) -> Iterator[psycopg.Connection[TupleRow]]:
+        if self._closed:
+            raise StoreUnavailable("PostgreSQL metadata store is closed")
+        with _connection(self.url) as connection:
+            try:
+                yield connection
+            except psycopg.errors.IntegrityError as exc:
+                raise ValueError(
+                    f"a record violates the chunks table constraints ({describe_error(exc)}); "
+                    "nothing was written"
+                ) from None
+            except psycopg.DataError as exc:
+                raise ValueError(
+                    f"a record has a value PostgreSQL cannot store ({describe_error(exc)}); "
+                    "nothing was written"
+                ) from None
+            except psycopg.Error as exc:
+                raise StoreUnavailable(
+                    self.url.scrub(f"PostgreSQL metadata {action} failed: {describe_error(exc)}")
+                ) from None
+
+
+def migrate(url: str) -> list[Migration]:
+    """Bring the database at ``url`` to this build's schema; return the migrations applied.
+
+    Raises ValueError for a malformed URL, SchemaMismatch when the database is
+    newer than this build, and StoreUnavailable when a connection or a
+    migration fails (a failed migration is rolled back, earlier ones stay).
+    """
+    parsed = parse_postgres_url(url)
+    with _connection(parsed) as connection:
+        try:
+            return apply_migrations(connection, parsed.redacted)
+        except psycopg.Error as exc:
+            raise StoreUnavailable(
+                parsed.scrub(f"migrating {parsed} failed: {describe_error(exc)}")
+            ) from None
+
+
+def connect_options(url: PostgresUrl) -> dict[str, Any]:
+    """Connection parameters to add to ``url``: defaults for what neither it nor the
+    environment sets (libpq's own defaults wait forever and name no application)."""
+    given = url.parameter_names
+    options: dict[str, Any] = {}
+    if "connect_timeout" not in given and "PGCONNECT_TIMEOUT" not in os.environ:
+        options["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT_S
+    if "application_name" not in given and "PGAPPNAME" not in os.environ:
+        options["application_name"] = APPLICATION_NAME
+    return options
+
+
+class _ConnectionLost(Exception):
+    """A pooled connection turned out to be dead."""
+
+    def __init__(self, error: psycopg.OperationalError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+async def _configure(connection: psycopg.AsyncConnection[TupleRow]) -> None:
+    # Timestamps arrive in the session's zone; UTC keeps every representable
+    # instant within Python's years 1-9999.
+    await connection.execute("SET TIME ZONE 'UTC'")
+
+
+@contextmanager
+def _connection(url: PostgresUrl) -> Iterator[psycopg.Connection[TupleRow]]:
+    try:
+        connection = psycopg.connect(url.url, autocommit=True, **connect_options(url))
+        connection.execute("SET TIME ZONE 'UTC'")
+    except psycopg.Error as exc:
+        raise StoreUnavailable(
+            url.scrub(f"cannot connect to PostgreSQL metadata store {url}: {describe_error(exc)}")
+        ) from None
+    with connection:
+        yield connection
+
+
+def _encode(record: ChunkRecord) -> tuple[object, ...]:
+    for moment in (record.effective_at, record.expires_at):
+        if moment is not None and moment.utcoffset() is None:
+            raise ValueError("a record timestamp has no time zone; refusing to guess one")
+    return (
+        record.chunk_id,
+        record.doc_id,
+        record.version,
+        record.tenant_id,
+        list(record.allowed_principals),
+        Status(record.status).value,
+        record.effective_at,
+        record.expires_at,
+        record.sha256,
+        record.source_uri,
+        record.superseded_by,
+        record.requires_signature,
+        record.text,
+    )
+
+
+def _decode_rows(rows: Sequence[TupleRow]) -> dict[str, ChunkRecord]:
+    records = {}
+    for row in rows:
+        try:
+            record = _decode(row)
+        except (TypeError, ValueError):
+            # Only possible if someone dropped the table's constraints: reject
+            # this chunk (MISSING_METADATA) rather than the whole response.
+            _log.warning("metadata row for chunk %r cannot be decoded; treated as missing", row[0])
+            continue
+        records[record.chunk_id] = record
+    return records
+
+
+def _decode(row: TupleRow) -> ChunkRecord:
+    (
+        chunk_id,
+        doc_id,
+        version,
+        tenant_id,
+        principals,
+        status,
+        effective_at,
+        expires_at,
+        sha256,
+        source_uri,
+        superseded_by,
+        requires_signature,
+        text,
+        signature_valid,
+    ) = row
+    if not principals or not all(isinstance(p, str) and p for p in principals):
+        raise ValueError("allowed_principals")
+    return ChunkRecord(
+        chunk_id=chunk_id,
+        doc_id=doc_id,
+        version=version,
+        tenant_id=tenant_id,
+        allowed_principals=tuple(principals),
+        status=Status(status),
+        effective_at=_utc(effective_at),
+        expires_at=None if expires_at is None else _utc(expires_at),
+        sha256=sha256,
+        source_uri=source_uri,
+        superseded_by=superseded_by,
+        requires_signature=bool(requires_signature),
+        text=text,
+        signature_valid=bool(signature_valid),
+    )
+
+
+def _utc(moment: object) -> datetime:
+    if not isinstance(moment, datetime) or moment.utcoffset() is None:
+        raise TypeError("timestamp")
+    return moment.astimezone(UTC)

@@ -1,0 +1,439 @@
+"""SQLite metadata store: the embedded default backend.
+
+One file holds table ``chunks`` (one column per record contract field, primary
+key ``chunk_id``), table ``electronic_signatures`` (doc_id, version, signer,
+meaning, signed_at, is_valid) and table ``schema_version`` (one row). Encodings,
+which scripts reading the file may rely on:
+
+- ``allowed_principals``: JSON array of strings, as text;
+- ``effective_at``/``expires_at``/``signed_at``: RFC 3339 in UTC with exactly
+  six fractional digits, ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (fixed width, so text
+  order is time order); ``expires_at`` NULL means open-ended;
+- ``status``: the lower-case status name; ``requires_signature`` and
+  ``is_valid``: 0 or 1.
+
+``fetch`` and ``get`` set ``signature_valid`` when a signature with
+``is_valid = 1`` exists for the record's doc_id and version. Version 1 files
+(without signatures) are upgraded in place when opened.
+
+CHECK constraints guard these forms against hand edits. A row that still cannot
+be decoded is logged (chunk id and column, never values) and left out of the
+``fetch`` result, so only that chunk is rejected (as MISSING_METADATA) while the
+rest of the response is still served; failing the whole lookup instead would
+reject every chunk of every response that touches the bad row.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Collection, Iterable, Mapping
+from datetime import UTC, datetime
+
+import orjson
+
+from sidecar.core.record import CONTRACT_FIELDS, ChunkRecord, Status
+from sidecar.store.lifecycle import check_status_change
+from sidecar.store.store import StoreUnavailable
+
+SCHEMA_VERSION = 2
+
+_log = logging.getLogger(__name__)
+
+_COLUMNS = CONTRACT_FIELDS
+_TIMESTAMP_GLOB = (
+    "'[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9]"
+    ".[0-9][0-9][0-9][0-9][0-9][0-9]Z'"
+)
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
+    f"""CREATE TABLE IF NOT EXISTS chunks (
+        chunk_id TEXT NOT NULL PRIMARY KEY
+            CHECK (typeof(chunk_id) = 'text' AND chunk_id <> ''),
+        doc_id TEXT NOT NULL CHECK (typeof(doc_id) = 'text' AND trim(doc_id) <> ''),
+        version TEXT NOT NULL CHECK (typeof(version) = 'text'),
+        tenant_id TEXT NOT NULL CHECK (typeof(tenant_id) = 'text' AND trim(tenant_id) <> ''),
+        allowed_principals TEXT NOT NULL CHECK (
+            json_valid(allowed_principals)
+            AND json_type(allowed_principals) = 'array'
+            AND json_array_length(allowed_principals) > 0),
+        status TEXT NOT NULL
+            CHECK (status IN ('approved', 'draft', 'superseded', 'revoked', 'quarantined')),
+        effective_at TEXT NOT NULL CHECK (effective_at GLOB {_TIMESTAMP_GLOB}),
+        expires_at TEXT CHECK (
+            expires_at IS NULL
+            OR (expires_at GLOB {_TIMESTAMP_GLOB} AND expires_at > effective_at)),
+        sha256 TEXT NOT NULL CHECK (length(sha256) = 64 AND sha256 NOT GLOB '*[^0-9a-f]*'),
+        source_uri TEXT NOT NULL CHECK (typeof(source_uri) = 'text'),
+        superseded_by TEXT CHECK (superseded_by IS NULL OR typeof(superseded_by) = 'text'),
+        requires_signature INTEGER NOT NULL CHECK (requires_signature IN (0, 1)),
+        text TEXT CHECK (text IS NULL OR typeof(text) = 'text')
+    )""",
+    f"""CREATE TABLE IF NOT EXISTS electronic_signatures (
+        id INTEGER PRIMARY KEY,
+        doc_id TEXT NOT NULL CHECK (typeof(doc_id) = 'text' AND trim(doc_id) <> ''),
+        version TEXT NOT NULL CHECK (typeof(version) = 'text'),
+        signer TEXT NOT NULL CHECK (typeof(signer) = 'text' AND trim(signer) <> ''),
+        meaning TEXT NOT NULL CHECK (typeof(meaning) = 'text' AND trim(meaning) <> ''),
+        signed_at TEXT NOT NULL CHECK (signed_at GLOB {_TIMESTAMP_GLOB}),
+        is_valid INTEGER NOT NULL DEFAULT 1 CHECK (is_valid IN (0, 1))
+    )""",
+    """CREATE INDEX IF NOT EXISTS electronic_signatures_document
+        ON electronic_signatures (doc_id, version) WHERE is_valid = 1""",
+)
+# Schema versions this build opens. Version 1 lacks only electronic_signatures,
+# which the statements above create, so upgrading it is recording version 2.
+_UPGRADABLE_VERSIONS = frozenset({1, SCHEMA_VERSION})
+_COLUMN_LIST = ", ".join(_COLUMNS)
+_SELECT = (
+    "SELECT "  # noqa: S608 - column names come from the record contract, never from input
+    + ", ".join(f"c.{column}" for column in _COLUMNS)
+    + ", EXISTS (SELECT 1 FROM electronic_signatures AS s"
+    " WHERE s.doc_id = c.doc_id AND s.version = c.version AND s.is_valid = 1)"
+    " FROM chunks AS c"
+)
+_GET = _SELECT + " WHERE c.chunk_id = ?"
+_SET_STATUS = "UPDATE chunks SET status = ?, superseded_by = ? WHERE chunk_id = ?"
+_UPDATES = ", ".join(f"{column} = excluded.{column}" for column in _COLUMNS[1:])
+# Column names come from ChunkRecord's fields, never from input; values are bound.
+_PLACEHOLDERS = ", ".join("?" * len(_COLUMNS))
+_UPSERT = (
+    f"INSERT INTO chunks ({_COLUMN_LIST}) VALUES ({_PLACEHOLDERS}) "  # noqa: S608
+    f"ON CONFLICT (chunk_id) DO UPDATE SET {_UPDATES}"
+)
+# SQLite builds before 3.32 allow at most 999 bound parameters per statement.
+_MAX_IDS_PER_QUERY = 900
+# fetch runs on the event loop; if the file is locked (rare in WAL mode), rather
+# fail closed for one response than stall every request in the process.
+_READ_BUSY_TIMEOUT_S = 0.1
+_WRITE_BUSY_TIMEOUT_S = 5.0
+
+
+class SqliteStore:
+    """MetadataStore backed by one SQLite file, created with its schema if missing.
+
+    Raises StoreUnavailable when the file cannot be opened or carries a schema
+    version this code does not know.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        # Two connections: upsert (possibly a bulk load in a worker thread) holds
+        # the writer while fetch keeps reading a consistent snapshot through the
+        # reader, which WAL mode allows. Each may be used from any thread, so each
+        # has a lock; uncontended, a lock costs well under a microsecond.
+        self._write_lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        try:
+            self._writer, self._reader = _open(path)
+        except sqlite3.Error as exc:
+            where = os.fspath(path)
+            raise StoreUnavailable(f"cannot open SQLite metadata store {where!r}: {exc}") from exc
+
+    async def fetch(self, chunk_ids: Collection[str]) -> Mapping[str, ChunkRecord]:
+        """Look up records by chunk id; absent ids are left out of the result.
+
+        Raises StoreUnavailable on any SQLite error.
+        """
+        ids = list(dict.fromkeys(chunk_ids))
+        if not ids:
+            return {}
+        # Synchronous on purpose: a primary-key lookup in a local file takes
+        # microseconds, less than handing the work to a thread and back would
+        # cost, and the event loop thread is normally the only user of the reader.
+        try:
+            with self._read_lock:
+                rows = _select(self._reader, ids)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite metadata query failed: {exc}") from exc
+        records = {}
+        for row in rows:
+            record = _decode_or_log(row)
+            if record is not None:
+                records[record.chunk_id] = record
+        return records
+
+    def upsert(self, records: Iterable[ChunkRecord]) -> int:
+        """Insert or replace records in one transaction (all or none); return the count.
+
+        Raises ValueError when a record cannot be stored (naive datetime, or a
+        value the table's constraints reject) and StoreUnavailable on any other
+        SQLite error; in both cases nothing is written.
+        """
+        # Encode first, so that a bad record fails before the transaction starts.
+        rows = [_encode(record) for record in records]
+        try:
+            with self._write_lock:
+                _write(self._writer, rows)
+        except sqlite3.IntegrityError as exc:
+            raise ValueError(
+                f"a record violates the chunks table constraints ({exc}); nothing was written"
+            ) from exc
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite metadata upsert failed: {exc}") from exc
+        return len(rows)
+
+    def get(self, chunk_id: str) -> ChunkRecord | None:
+        """The record of one chunk (text included), or None.
+
+        A row that cannot be decoded counts as absent (and is logged). Raises
+        StoreUnavailable on any SQLite error.
+        """
+        try:
+            with self._read_lock:
+                row = self._reader.execute(_GET, (chunk_id,)).fetchone()
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite metadata query failed: {exc}") from exc
+        return None if row is None else _decode_or_log(row)
+
+    def set_status(
+        self, chunk_id: str, status: Status, superseded_by: str | None = None
+    ) -> ChunkRecord:
+        """Set status and successor in one write transaction; see ``MetadataStore.set_status``."""
+        try:
+            with self._write_lock:
+                row = _change_status(self._writer, chunk_id, Status(status), superseded_by)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite metadata status change failed: {exc}") from exc
+        record = _decode_or_log(row)
+        if record is None:
+            raise StoreUnavailable(f"metadata row for chunk {chunk_id!r} cannot be decoded")
+        return record
+
+    def close(self) -> None:
+        """Close both connections; later calls raise StoreUnavailable."""
+        with self._write_lock, self._read_lock:
+            self._reader.close()
+            self._writer.close()
+
+    async def aclose(self) -> None:
+        """Same as ``close``: nothing here belongs to an event loop."""
+        self.close()
+
+
+def _open(path: str | os.PathLike[str]) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+    opened: list[sqlite3.Connection] = []
+    try:
+        writer = _connect(path, _WRITE_BUSY_TIMEOUT_S)
+        opened.append(writer)
+        _ensure_schema(writer)
+        reader = _connect(path, _READ_BUSY_TIMEOUT_S)
+        opened.append(reader)
+        reader.execute("PRAGMA query_only = ON")
+    except BaseException:
+        for connection in opened:
+            connection.close()
+        raise
+    return writer, reader
+
+
+def _connect(path: str | os.PathLike[str], busy_timeout_s: float) -> sqlite3.Connection:
+    # isolation_level=None: no implicit transactions; every transaction is
+    # explicit, so a read never holds a snapshot open between fetches.
+    return sqlite3.connect(
+        path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+    )
+
+
+def _ensure_schema(connection: sqlite3.Connection) -> None:
+    connection.execute("PRAGMA journal_mode = WAL")
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in _SCHEMA:
+            connection.execute(statement)
+        versions = connection.execute("SELECT version FROM schema_version").fetchall()
+        if not versions:
+            connection.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+        elif len(versions) == 1 and versions[0][0] in _UPGRADABLE_VERSIONS:
+            connection.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
+        else:
+            found = ", ".join(str(version) for (version,) in versions)
+            raise StoreUnavailable(
+                f"SQLite metadata store has schema version {found}; "
+                f"this build supports only version {SCHEMA_VERSION}"
+            )
+        connection.execute("COMMIT")
+    except BaseException:
+        connection.rollback()
+        raise
+
+
+def _select(connection: sqlite3.Connection, ids: list[str]) -> list[tuple[object, ...]]:
+    batches = [
+        ids[start : start + _MAX_IDS_PER_QUERY] for start in range(0, len(ids), _MAX_IDS_PER_QUERY)
+    ]
+    if len(batches) == 1:
+        return connection.execute(_select_sql(len(ids)), ids).fetchall()
+    # One read transaction, so that every batch sees the same snapshot.
+    connection.execute("BEGIN")
+    try:
+        rows = []
+        for batch in batches:
+            rows += connection.execute(_select_sql(len(batch)), batch).fetchall()
+        return rows
+    finally:
+        connection.rollback()
+
+
+def _select_sql(count: int) -> str:
+    placeholders = ", ".join("?" * count)
+    # Only placeholders are interpolated; the ids are bound parameters.
+    return f"{_SELECT} WHERE c.chunk_id IN ({placeholders})"
+
+
+def _change_status(
+    connection: sqlite3.Connection, chunk_id: str, status: Status, superseded_by: str | None
+) -> tuple[object, ...]:
+    # BEGIN IMMEDIATE takes the write lock first: nobody changes either row
+    # between the check and the update.
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        current = connection.execute(_GET, (chunk_id,)).fetchone()
+        successor = None
+        if superseded_by is not None:
+            successor = connection.execute(_GET, (superseded_by,)).fetchone()
+        check_status_change(
+            chunk_id,
+            status,
+            superseded_by,
+            current=None if current is None else _decode_or_log(current),
+            successor=None if successor is None else _decode_or_log(successor),
+        )
+        connection.execute(_SET_STATUS, (status.value, superseded_by, chunk_id))
+        row: tuple[object, ...] = connection.execute(_GET, (chunk_id,)).fetchone()
+        connection.execute("COMMIT")
+    except BaseException:
+        connection.rollback()
+        raise
+    return row
+
+
+def _write(connection: sqlite3.Connection, rows: list[tuple[object, ...]]) -> None:
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        connection.executemany(_UPSERT, rows)
+        connection.execute("COMMIT")
+    except BaseException:
+        connection.rollback()
+        raise
+
+
+def _format_timestamp(moment: datetime) -> str:
+    if moment.utcoffset() is None:
+        raise ValueError("a record timestamp has no time zone; refusing to guess one")
+    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+
+def _encode(record: ChunkRecord) -> tuple[object, ...]:
+    return (
+        record.chunk_id,
+        record.doc_id,
+        record.version,
+        record.tenant_id,
+        orjson.dumps(list(record.allowed_principals)).decode(),
+        Status(record.status).value,
+        _format_timestamp(record.effective_at),
+        None if record.expires_at is None else _format_timestamp(record.expires_at),
+        record.sha256,
+        record.source_uri,
+        record.superseded_by,
+        int(record.requires_signature),
+        record.text,
+    )
+
+
+class _UndecodableColumn(Exception):
+    def __init__(self, column: str) -> None:
+        super().__init__(column)
+        self.column = column
+
+
+def _decode_or_log(row: tuple[object, ...]) -> ChunkRecord | None:
+    try:
+        return _decode(row)
+    except _UndecodableColumn as exc:
+        _log.warning(
+            "metadata row for chunk %r cannot be decoded (column %s); treated as missing",
+            row[0],
+            exc.column,
+        )
+        return None
+
+
+def _decode(row: tuple[object, ...]) -> ChunkRecord:
+    (
+        chunk_id,
+        doc_id,
+        version,
+        tenant_id,
+        principals,
+        status,
+        effective_at,
+        expires_at,
+        sha256,
+        source_uri,
+        superseded_by,
+        requires_signature,
+        text,
+        signature_valid,
+    ) = row
+    return ChunkRecord(
+        chunk_id=_text(chunk_id, "chunk_id"),
+        doc_id=_text(doc_id, "doc_id"),
+        version=_text(version, "version"),
+        tenant_id=_text(tenant_id, "tenant_id"),
+        allowed_principals=_principals(principals),
+        status=_status(status),
+        effective_at=_timestamp(effective_at, "effective_at"),
+        expires_at=None if expires_at is None else _timestamp(expires_at, "expires_at"),
+        sha256=_text(sha256, "sha256"),
+        source_uri=_text(source_uri, "source_uri"),
+        superseded_by=None if superseded_by is None else _text(superseded_by, "superseded_by"),
+        requires_signature=_flag(requires_signature),
+        text=None if text is None else _text(text, "text"),
+        signature_valid=signature_valid == 1,
+    )
+
+
+def _text(value: object, column: str) -> str:
+    if not isinstance(value, str):
+        raise _UndecodableColumn(column)
+    return value
+
+
+def _principals(value: object) -> tuple[str, ...]:
+    try:
+        principals = orjson.loads(_text(value, "allowed_principals"))
+    except orjson.JSONDecodeError:
+        raise _UndecodableColumn("allowed_principals") from None
+    if (
+        not isinstance(principals, list)
+        or not principals
+        or not all(isinstance(p, str) and p for p in principals)
+    ):
+        raise _UndecodableColumn("allowed_principals")
+    return tuple(principals)
+
+
+def _status(value: object) -> Status:
+    try:
+        return Status(_text(value, "status"))
+    except ValueError:
+        raise _UndecodableColumn("status") from None
+
+
+def _timestamp(value: object, column: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(_text(value, column))
+    except ValueError:
+        raise _UndecodableColumn(column) from None
+    if moment.utcoffset() is None:
+        raise _UndecodableColumn(column)
+    return moment
+
+
+def _flag(value: object) -> bool:
+    if not isinstance(value, int) or value not in (0, 1):
+        raise _UndecodableColumn("requires_signature")
+    return value == 1
