@@ -308,7 +308,7 @@ def machine() -> dict[str, Any]:
 
 def slope(rows: list[dict[str, Any]], size: int, cache: str) -> float | None:
     """Least-squares µs per extra chunk (medians), to check linear growth."""
-    points = [
+    points: list[tuple[float, float]] = [
         (r["chunks"], r["median_us"])
         for r in rows
         if r["text_bytes"] == size and r["verdict_cache"] == cache

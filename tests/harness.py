@@ -69,13 +69,24 @@ def http(
         )
 
 
-def _wait_for(predicate: Any, what: str, timeout: float = 20.0) -> None:
+def search_ids(response: HttpResult) -> list[int]:
+    """The point ids of a Qdrant search response, in order."""
+    return [hit["id"] for hit in response.json()["result"]]
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 20.0) -> bool:
+    """Poll ``predicate`` until it holds (True) or ``timeout`` seconds pass (False)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
-            return
+            return True
         time.sleep(0.05)
-    raise TimeoutError(f"timed out waiting for {what}")
+    return False
+
+
+def _wait_for(predicate: Callable[[], object], what: str) -> None:
+    if not wait_until(predicate):
+        raise TimeoutError(f"timed out waiting for {what}")
 
 
 def _toml_value(value: Any) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection, Iterable, Mapping
-from pathlib import Path
+from dataclasses import replace
 
 import pytest
 
@@ -45,6 +45,16 @@ class FakeStore:
         batch = list(records)
         self.records.update((r.chunk_id, r) for r in batch)
         return len(batch)
+
+    def get(self, chunk_id: str) -> ChunkRecord | None:
+        return self.records.get(chunk_id)
+
+    def set_status(
+        self, chunk_id: str, status: Status, superseded_by: str | None = None
+    ) -> ChunkRecord:
+        changed = replace(self.records[chunk_id], status=status, superseded_by=superseded_by)
+        self.records[chunk_id] = changed
+        return changed
 
     def close(self) -> None:
         self.closed = True
@@ -264,15 +274,12 @@ def test_maxsize_bounds_the_cache(inner: FakeStore, clock: FakeClock) -> None:
     assert len(inner.lookups[0]) == 10 - 4 + 3 - 2
 
 
-def test_works_over_the_sqlite_store(tmp_path: Path, clock: FakeClock) -> None:
-    cache = CachedStore(SqliteStore(tmp_path / "meta.db"), timer=clock)
-    try:
-        assert fetch(cache, ["a"]) == {}
-        cache.upsert([record("a")])
-        assert fetch(cache, ["a"]) == {"a": record("a")}
-        assert fetch_partial(cache, ["a", "b"]) == Lookup({"a": record("a")}, frozenset())
-    finally:
-        cache.close()
+def test_works_over_the_sqlite_store(sqlite_store: SqliteStore, clock: FakeClock) -> None:
+    cache = CachedStore(sqlite_store, timer=clock)
+    assert fetch(cache, ["a"]) == {}
+    cache.upsert([record("a")])
+    assert fetch(cache, ["a"]) == {"a": record("a")}
+    assert fetch_partial(cache, ["a", "b"]) == Lookup({"a": record("a")}, frozenset())
 
 
 # --- stale-if-error --------------------------------------------------------------------
@@ -375,15 +382,15 @@ def test_invalidation_during_a_failing_lookup_is_honoured(
     class FailingAfterInvalidation(FakeStore):
         async def fetch(self, chunk_ids: Collection[str]) -> Mapping[str, ChunkRecord]:
             if self.failing:
-                cache.invalidate(["a"])  # the notification arrives while the lookup fails
+                cached.invalidate(["a"])  # the notification arrives while the lookup fails
             return await super().fetch(chunk_ids)
 
     store = FailingAfterInvalidation(record("a"))
-    cache = CachedStore(store, ttl=TTL, stale_if_error_seconds=STALE, timer=clock)
-    fetch(cache, ["a"])
+    cached = CachedStore(store, ttl=TTL, stale_if_error_seconds=STALE, timer=clock)
+    fetch(cached, ["a"])
     clock.now += TTL + 1
     store.failing = True
-    assert fetch_partial(cache, ["a"]) == Lookup({}, frozenset({"a"}))
+    assert fetch_partial(cached, ["a"]) == Lookup({}, frozenset({"a"}))
 
 
 # --- observer ----------------------------------------------------------------------------

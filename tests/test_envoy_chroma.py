@@ -20,6 +20,8 @@ import orjson
 import pytest
 from chromadb.api import ClientAPI
 from chromadb.api.models.Collection import Collection
+from chromadb.api.types import PyEmbeddings, Where
+from chromadb.base_types import LiteralValue, LogicalOperator, WhereOperator
 from chromadb.config import Settings
 
 from tests.fixtures.chroma_bodies import RESPONSE_SCHEMAS
@@ -29,7 +31,7 @@ from tests.fixtures.chroma_server import ChromaServer, chroma_server_fixture  # 
 from tests.fixtures.records import record_dict, text_for
 from tests.harness import GateStack
 
-pytestmark = pytest.mark.envoy
+pytestmark = [pytest.mark.envoy, pytest.mark.chroma]
 
 IDENTITY = {"x-gate-tenant": "acme", "x-gate-principals": "user:alice,group:qa"}
 COLLECTION = "gate-docs"
@@ -56,7 +58,7 @@ EXPECTED_REASONS = {
 # On a line, so L2 distances to the query points below are all different.
 EMBEDDINGS = {chunk_id: [float(i), 0.0] for i, chunk_id in enumerate(CORPUS, 1)}
 # Three query embeddings rank the corpus three different ways.
-QUERIES = [[0.0, 0.0], [9.0, 0.0], [4.4, 0.0]]
+QUERIES: PyEmbeddings = [[0.0, 0.0], [9.0, 0.0], [4.4, 0.0]]
 ALL_INCLUDE: Any = ["documents", "metadatas", "distances", "embeddings"]
 
 
@@ -75,9 +77,10 @@ def direct(chroma_server: ChromaServer) -> Collection:
     client = _client(chroma_server.port)
     collection = client.create_collection(COLLECTION, embedding_function=None)
     ids = list(CORPUS)
+    embeddings: PyEmbeddings = [EMBEDDINGS[i] for i in ids]
     collection.add(
         ids=ids,
-        embeddings=[EMBEDDINGS[i] for i in ids],
+        embeddings=embeddings,
         documents=[CORPUS[i][1] for i in ids],
         metadatas=[{"chunk": i, "rank": n} for n, i in enumerate(ids, 1)],
     )
@@ -133,13 +136,15 @@ def test_query_with_several_embeddings_returns_only_admitted_hits_aligned(
     assert upstream["ids"][1] == list(reversed(CORPUS))
     assert result["ids"] == [[i for i in ranked if i in ADMITTED] for ranked in upstream["ids"]]
     assert result["ids"][2] == ["c-04", "c-01", "c-08"]
+    distances, embeddings = result["distances"], result["embeddings"]
+    upstream_distances = upstream["distances"]
+    assert distances is not None and embeddings is not None and upstream_distances is not None
     for q, ids in enumerate(result["ids"]):
         _assert_aligned(ids, dict(result), q)
-        assert result["distances"] is not None and result["embeddings"] is not None
-        upstream_distance = dict(zip(upstream["ids"][q], upstream["distances"][q], strict=True))
+        upstream_distance = dict(zip(upstream["ids"][q], upstream_distances[q], strict=True))
         for i, chunk_id in enumerate(ids):
-            assert result["distances"][q][i] == upstream_distance[chunk_id]
-            assert list(result["embeddings"][q][i]) == EMBEDDINGS[chunk_id]
+            assert distances[q][i] == upstream_distance[chunk_id]
+            assert list(embeddings[q][i]) == EMBEDDINGS[chunk_id]
 
 
 def test_get_by_ids_returns_only_admitted_records_aligned(
@@ -154,7 +159,9 @@ def test_get_by_ids_returns_only_admitted_records_aligned(
 
 
 def test_get_with_where_filter(gated: Collection) -> None:
-    result = gated.get(where={"rank": {"$gte": 4}}, include=["documents", "metadatas"])
+    rank_from_4: dict[WhereOperator | LogicalOperator, LiteralValue] = {"$gte": 4}
+    where: Where = {"rank": rank_from_4}
+    result = gated.get(where=where, include=["documents", "metadatas"])
     assert sorted(result["ids"]) == ["c-04", "c-08"]
     _assert_aligned(result["ids"], dict(result))
     result = gated.get(where={"chunk": "c-07"})
@@ -225,7 +232,8 @@ def test_raw_get_body_matches_the_schema(stack: GateStack, direct: Collection) -
 
 def test_writes_through_the_gate_are_refused(direct: Collection, gated: Collection) -> None:
     with pytest.raises(Exception, match=r"(?i)forbidden"):
-        gated.add(ids=["c-99"], embeddings=[[0.5, 0.0]], documents=["injected"])
+        injected: PyEmbeddings = [[0.5, 0.0]]
+        gated.add(ids=["c-99"], embeddings=injected, documents=["injected"])
     with pytest.raises(Exception, match=r"(?i)forbidden"):
         gated.delete(ids=["c-01"])
     assert direct.count() == len(CORPUS)

@@ -21,7 +21,7 @@ from sidecar.demo.upstream import CannedResponse
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures import tokens
 from tests.fixtures.records import record_dict, text_for
-from tests.harness import GateStack, HttpResult
+from tests.harness import GateStack, HttpResult, search_ids
 
 pytestmark = pytest.mark.envoy
 
@@ -43,10 +43,6 @@ def alice(**overrides: Any) -> dict[str, Any]:
 
 def bearer(token: str) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"}
-
-
-def ids(response: HttpResult) -> list[int]:
-    return [hit["id"] for hit in response.json()["result"]]
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +90,7 @@ def test_valid_token_gets_its_tenant_and_principals(
 ) -> None:
     response = search(stack, tokens.token(rsa_key, alice()))
     assert response.status == 200, response.body
-    assert ids(response) == [1, 2]  # 3 draft, 4 other tenant, 5 hr only
+    assert search_ids(response) == [1, 2]  # 3 draft, 4 other tenant, 5 hr only
     record = next(
         r
         for r in stack.audit_records()
@@ -145,9 +141,9 @@ def test_invalid_tokens_are_401_and_never_reach_the_db(
 
 def test_drafts_scope_admits_drafts(stack: GateStack, rsa_key: tokens.KeyPair) -> None:
     with_scope = tokens.token(rsa_key, alice(scope=f"openid {DRAFTS_SCOPE}"))
-    assert ids(search(stack, with_scope)) == [1, 2, 3]
+    assert search_ids(search(stack, with_scope)) == [1, 2, 3]
     without = tokens.token(rsa_key, alice(scope="openid"))
-    assert ids(search(stack, without)) == [1, 2]
+    assert search_ids(search(stack, without)) == [1, 2]
 
 
 def test_forged_identity_headers_are_ignored_and_stripped(
@@ -159,7 +155,7 @@ def test_forged_identity_headers_are_ignored_and_stripped(
         tokens.token(rsa_key, alice()),
         headers={"x-gate-tenant": "globex", "x-gate-principals": "group:hr", "x-gate-x": "1"},
     )
-    assert ids(response) == [1, 2]  # still acme/alice: no globex or hr chunk
+    assert search_ids(response) == [1, 2]  # still acme/alice: no globex or hr chunk
     seen = stack.upstream.requests[-1].headers
     assert not [name for name in seen if name.startswith("x-gate-")]
     assert "authorization" not in seen  # the caller's token is not the DB's business
@@ -204,7 +200,7 @@ def test_overfetch_returns_k_admitted_hits_when_they_exist(tmp_path: Path) -> No
         ten = [qb.point(i, text_for(str(i)), score=1 - i / 100) for i in range(1, 11)]
         gate.upstream.respond("POST", SEARCH, CannedResponse(qb.encode(qb.search_body(ten))))
         response = gate.search(SEARCH, body=b'{"vector":[0.1],"limit":5}')
-        assert ids(response) == [1, 5, 6, 7, 8]
+        assert search_ids(response) == [1, 5, 6, 7, 8]
         assert orjson.loads(gate.upstream.requests[-1].body)["limit"] == 10
         record = gate.audit_records()[-1]
         assert record["tenant_filter"] is True and record["overfetched"] is True
@@ -232,7 +228,7 @@ def test_sidecar_verified_jwt(tmp_path: Path, kind: str) -> None:
     try:
         gate.upstream.respond("POST", SEARCH, CannedResponse(qb.encode(qb.search_body(POINTS))))
         good = search(gate, tokens.token(signer, alice()))
-        assert good.status == 200 and ids(good) == [1, 2]
+        assert good.status == 200 and search_ids(good) == [1, 2]
         expired = search(gate, tokens.token(signer, alice(exp=1_000_000_000, iat=999_999_000)))
         assert expired.status == 401 and expired.json() == {"error": "token_expired"}
         assert search(gate, tokens.unsigned_token(alice())).json() == {
@@ -250,7 +246,7 @@ def test_overfetch_audit_record_names_only_what_was_released(tmp_path: Path) -> 
         ten = [qb.point(i, text_for(str(i)), score=1 - i / 100) for i in range(1, 11)]
         gate.upstream.respond("POST", SEARCH, CannedResponse(qb.encode(qb.search_body(ten))))
         response = gate.search(SEARCH, body=b'{"vector":[0.1],"limit":3}')
-        assert ids(response) == [1, 2, 3]
+        assert search_ids(response) == [1, 2, 3]
         assert response.headers["x-retrieval-gate-admitted"] == "3"
         record = gate.audit_records()[-1]
         assert record["released"] == ["1", "2", "3"]

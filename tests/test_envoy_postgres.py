@@ -13,7 +13,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -23,9 +22,9 @@ from sidecar.demo.upstream import CannedResponse
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.postgres import fresh_database
 from tests.fixtures.records import record_dict, text_for
-from tests.harness import CLI, GateStack, write_records
+from tests.harness import CLI, GateStack, search_ids, wait_until, write_records
 
-pytestmark = pytest.mark.envoy
+pytestmark = [pytest.mark.envoy, pytest.mark.postgres]
 
 SEARCH = "/collections/docs/points/search"
 IDS = [1, 2, 3, 4, 5, 6]
@@ -37,19 +36,6 @@ RECORDS = [record_dict(str(i)) for i in IDS[:-1]] + [
 def sql(url: str, statement: str) -> None:
     """Run SQL with plain psql, as an operator's tool would (not through our code)."""
     subprocess.run(["psql", url, "-v", "ON_ERROR_STOP=1", "-q", "-c", statement], check=True)
-
-
-def ids(response: Any) -> list[int]:
-    return [hit["id"] for hit in response.json()["result"]]
-
-
-def wait_until(predicate: Any, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.fixture(scope="module")
@@ -85,16 +71,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory, database: str) -> Iterator[G
 def test_revocation_from_plain_psql_reaches_the_next_responses(
     stack: GateStack, database: str
 ) -> None:
-    assert 1 in ids(stack.search(SEARCH))  # admitted, and now cached for an hour
+    assert 1 in search_ids(stack.search(SEARCH))  # admitted, and now cached for an hour
     started = time.monotonic()
     sql(database, "UPDATE chunks SET status = 'revoked' WHERE chunk_id = '1'")
-    assert wait_until(lambda: 1 not in ids(stack.search(SEARCH)))
+    assert wait_until(lambda: 1 not in search_ids(stack.search(SEARCH)))
     print(f"revocation visible through Envoy after {time.monotonic() - started:.3f} s")
     assert stack.metric("retrieval_gate_cache_invalidations_total") >= 1
 
 
 def test_killed_listen_connection_flushes_the_cache(stack: GateStack, database: str) -> None:
-    assert 2 in ids(stack.search(SEARCH))
+    assert 2 in search_ids(stack.search(SEARCH))
     flushes = stack.metric("retrieval_gate_cache_flushes_total")
     with psycopg.connect(database, autocommit=True) as connection:
         connection.execute(
@@ -104,12 +90,12 @@ def test_killed_listen_connection_flushes_the_cache(stack: GateStack, database: 
         # Changed while nobody listens: this notification is lost.
         connection.execute("UPDATE chunks SET status = 'quarantined' WHERE chunk_id = '2'")
     assert wait_until(lambda: stack.metric("retrieval_gate_cache_flushes_total") >= flushes + 2)
-    assert 2 not in ids(stack.search(SEARCH))
+    assert 2 not in search_ids(stack.search(SEARCH))
 
 
 def test_signature_required_then_signed(stack: GateStack, database: str) -> None:
     record = next(r for r in (stack.search(SEARCH), None) if r is not None)
-    assert 6 not in ids(record)
+    assert 6 not in search_ids(record)
     decision = stack.audit_records()[-1]
     assert {"chunk_id": "6", "position": 5, "reasons": ["SIGNATURE_MISSING"]} in decision[
         "rejected"
@@ -119,9 +105,9 @@ def test_signature_required_then_signed(stack: GateStack, database: str) -> None
         "INSERT INTO electronic_signatures (doc_id, version, signer, meaning, signed_at) "
         "VALUES ('SOP-6', '2', 'qa-lead', 'approval', now())",
     )
-    assert wait_until(lambda: 6 in ids(stack.search(SEARCH)))
+    assert wait_until(lambda: 6 in search_ids(stack.search(SEARCH)))
     sql(database, "UPDATE electronic_signatures SET is_valid = false WHERE doc_id = 'SOP-6'")
-    assert wait_until(lambda: 6 not in ids(stack.search(SEARCH)))
+    assert wait_until(lambda: 6 not in search_ids(stack.search(SEARCH)))
 
 
 def test_supersede_with_the_cli_and_substitute(stack: GateStack, database: str) -> None:
@@ -132,7 +118,7 @@ def test_supersede_with_the_cli_and_substitute(stack: GateStack, database: str) 
     path = write_records(stack.workdir / "successor.jsonl", [successor])
     subprocess.run([*CLI, "store", "load", "--store", database, str(path)], check=True)
     subprocess.run([*CLI, "store", "supersede", "3", "--by", "33", "--store", database], check=True)
-    assert wait_until(lambda: 3 not in ids(stack.search(SEARCH)))
+    assert wait_until(lambda: 3 not in search_ids(stack.search(SEARCH)))
     substituted = stack.search("/collections/current/points/search").json()["result"]
     hit = next(h for h in substituted if h["id"] == 33)
     assert hit["payload"]["text"] == new_text

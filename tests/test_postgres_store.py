@@ -1,7 +1,9 @@
 """PostgreSQL specifics: migrations, constraints, change notifications, the listener,
 outages and password redaction, on the machine's real server.
 
-Most tests share one migrated database; migration tests make their own.
+Most tests share one migrated database (``postgres_url``, tests/conftest.py);
+migration tests make their own. Password cases that need no server are in
+test_postgres_passwords.py.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from sidecar.core.record import ChunkRecord, Status
-from sidecar.postgres.dsn import parse_postgres_url, redact_url
 from sidecar.store import schema
 from sidecar.store.cache import CachedStore, NullCacheObserver
 from sidecar.store.listener import ChangeListener, change_listener
@@ -28,20 +29,15 @@ from sidecar.store.store import SchemaMismatch, StoreUnavailable
 from tests.fixtures.postgres import ADMIN_URL, fresh_database
 from tests.fixtures.records import chunk_record as record
 
+pytestmark = pytest.mark.postgres
+
 PASSWORD = "s3cret-Pw"
 
 
-@pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    with fresh_database() as database:
-        migrate(database)
-        yield database
-
-
 @pytest.fixture
-def sql(url: str) -> Iterator[Callable[..., list[tuple[Any, ...]]]]:
+def sql(postgres_url: str) -> Iterator[Callable[..., list[tuple[Any, ...]]]]:
     """Runs SQL as an operator's own tool would (autocommit, like psql)."""
-    with psycopg.connect(url, autocommit=True) as connection:
+    with psycopg.connect(postgres_url, autocommit=True) as connection:
         connection.execute("TRUNCATE chunks, electronic_signatures")
 
         def run(statement: str, *params: object) -> list[tuple[Any, ...]]:
@@ -157,15 +153,15 @@ def test_a_failing_migration_is_rolled_back_alone(monkeypatch: pytest.MonkeyPatc
     ],
 )
 def test_hand_edits_cannot_break_the_contract(
-    url: str, sql: Callable[..., Any], column: str, value: object
+    postgres_url: str, sql: Callable[..., Any], column: str, value: object
 ) -> None:
-    PostgresStore(url).upsert([record("c-1")])
+    PostgresStore(postgres_url).upsert([record("c-1")])
     with pytest.raises(psycopg.errors.CheckViolation):
         sql(f"UPDATE chunks SET {column} = %s WHERE chunk_id = 'c-1'", value)
 
 
-def test_upsert_error_does_not_quote_the_row(url: str, sql: Callable[..., Any]) -> None:
-    store = PostgresStore(url)
+def test_upsert_error_does_not_quote_the_row(postgres_url: str, sql: Callable[..., Any]) -> None:
+    store = PostgresStore(postgres_url)
     with pytest.raises(ValueError, match="chunks_sha256_format") as caught:
         store.upsert([record("c-1", sha256="f" * 63, text="secret chunk text")])
     assert "secret" not in str(caught.value)
@@ -174,38 +170,50 @@ def test_upsert_error_does_not_quote_the_row(url: str, sql: Callable[..., Any]) 
 # --- notifications ---------------------------------------------------------------------------
 
 
-def notifications(url: str, change: Callable[[], object]) -> list[str]:
-    """The payloads that ``change`` sends, in order."""
-    end = "-- end of test --"
-    with psycopg.connect(url, autocommit=True) as listen:
-        listen.execute("LISTEN retrieval_gate_chunks")
-        change()
-        # Committed after the change, so delivered after its notifications.
-        listen.execute("SELECT pg_notify('retrieval_gate_chunks', %s)", (end,))
-        payloads = []
-        for notification in listen.notifies(timeout=10):
-            if notification.payload == end:
-                return payloads
-            payloads.append(notification.payload)
-    raise AssertionError(f"no end marker; got {payloads}")
+Notifications = Callable[[Callable[[], object]], list[str]]
 
 
-def test_changes_notify_the_chunk_ids(url: str, sql: Callable[..., Any]) -> None:
-    store = PostgresStore(url)
+@pytest.fixture
+def notifications(postgres_url: str) -> Notifications:
+    """``notifications(change)``: the payloads that ``change`` sends, in order."""
+
+    def collect(change: Callable[[], object]) -> list[str]:
+        end = "-- end of test --"
+        with psycopg.connect(postgres_url, autocommit=True) as listen:
+            listen.execute("LISTEN retrieval_gate_chunks")
+            change()
+            # Committed after the change, so delivered after its notifications.
+            listen.execute("SELECT pg_notify('retrieval_gate_chunks', %s)", (end,))
+            payloads: list[str] = []
+            for notification in listen.notifies(timeout=10):
+                if notification.payload == end:
+                    return payloads
+                payloads.append(notification.payload)
+        raise AssertionError(f"no end marker; got {payloads}")
+
+    return collect
+
+
+def test_changes_notify_the_chunk_ids(
+    postgres_url: str, sql: Callable[..., Any], notifications: Notifications
+) -> None:
+    store = PostgresStore(postgres_url)
     store.upsert([record("c-1"), record("c-2")])
     unchanged_and_changed = [record("c-1"), record("c-2", status=Status.REVOKED), record("c-3")]
-    assert notifications(url, lambda: store.upsert(unchanged_and_changed)) == ["c-2", "c-3"]
-    assert notifications(url, lambda: store.set_status("c-1", Status.QUARANTINED)) == ["c-1"]
-    assert notifications(url, lambda: sql("DELETE FROM chunks WHERE chunk_id = 'c-3'")) == ["c-3"]
+    assert notifications(lambda: store.upsert(unchanged_and_changed)) == ["c-2", "c-3"]
+    assert notifications(lambda: store.set_status("c-1", Status.QUARANTINED)) == ["c-1"]
+    assert notifications(lambda: sql("DELETE FROM chunks WHERE chunk_id = 'c-3'")) == ["c-3"]
     renamed = notifications(
-        url, lambda: sql("UPDATE chunks SET chunk_id = 'c-9' WHERE chunk_id = 'c-2'")
+        lambda: sql("UPDATE chunks SET chunk_id = 'c-9' WHERE chunk_id = 'c-2'")
     )
     assert sorted(renamed) == ["c-2", "c-9"]
-    assert notifications(url, lambda: sql("TRUNCATE chunks")) == [""]
+    assert notifications(lambda: sql("TRUNCATE chunks")) == [""]
 
 
-def test_signature_changes_flush_every_cache(url: str, sql: Callable[..., Any]) -> None:
-    PostgresStore(url).upsert(
+def test_signature_changes_flush_every_cache(
+    postgres_url: str, sql: Callable[..., Any], notifications: Notifications
+) -> None:
+    PostgresStore(postgres_url).upsert(
         [
             record("c-1", doc_id="sop", version="2"),
             record("c-2", doc_id="sop", version="2"),
@@ -218,15 +226,17 @@ def test_signature_changes_flush_every_cache(url: str, sql: Callable[..., Any]) 
     )
     # A flush, not the chunk ids: a chunk moved into this version by a
     # concurrent transaction would not be named (see the migration).
-    assert notifications(url, lambda: sql(sign)) == [""]
+    assert notifications(lambda: sql(sign)) == [""]
     revoke = "UPDATE electronic_signatures SET is_valid = false"
-    assert notifications(url, lambda: sql(revoke)) == [""]
-    assert notifications(url, lambda: sql("TRUNCATE electronic_signatures")) == [""]
+    assert notifications(lambda: sql(revoke)) == [""]
+    assert notifications(lambda: sql("TRUNCATE electronic_signatures")) == [""]
 
 
-def test_an_id_too_long_for_a_payload_flushes_instead(url: str, sql: Callable[..., Any]) -> None:
+def test_an_id_too_long_for_a_payload_flushes_instead(
+    postgres_url: str, sql: Callable[..., Any], notifications: Notifications
+) -> None:
     long_id = "x" * 8000
-    assert notifications(url, lambda: PostgresStore(url).upsert([record(long_id)])) == [""]
+    assert notifications(lambda: PostgresStore(postgres_url).upsert([record(long_id)])) == [""]
 
 
 # --- the listener ------------------------------------------------------------------------------
@@ -284,7 +294,7 @@ async def until(check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -
             await asyncio.sleep(0.01)
 
 
-def test_plain_sql_changes_reach_the_cache(url: str, sql: Callable[..., Any]) -> None:
+def test_plain_sql_changes_reach_the_cache(postgres_url: str, sql: Callable[..., Any]) -> None:
     async def scenario(
         store: PostgresStore, cache: CachedStore, listener: ChangeListener, events: Events
     ) -> None:
@@ -319,11 +329,11 @@ def test_plain_sql_changes_reach_the_cache(url: str, sql: Callable[..., Any]) ->
         sql("NOTIFY retrieval_gate_chunks")  # an operator's "forget everything"
         await eventually(lambda: events.clears > clears)
 
-    run_with_listener(url, scenario)
+    run_with_listener(postgres_url, scenario)
 
 
 def test_killed_listen_connection_clears_the_cache_and_listens_again(
-    url: str, sql: Callable[..., Any]
+    postgres_url: str, sql: Callable[..., Any]
 ) -> None:
     async def scenario(
         store: PostgresStore, cache: CachedStore, listener: ChangeListener, events: Events
@@ -340,18 +350,18 @@ def test_killed_listen_connection_clears_the_cache_and_listens_again(
         sql("UPDATE chunks SET status = 'quarantined' WHERE chunk_id = 'c-1'")
         await until(lambda: has_status(cache, "c-1", Status.QUARANTINED))
 
-    run_with_listener(url, scenario)
+    run_with_listener(postgres_url, scenario)
 
 
 def test_change_missed_while_disconnected_leaves_no_stale_entry(
-    url: str, sql: Callable[..., Any]
+    postgres_url: str, sql: Callable[..., Any]
 ) -> None:
     async def scenario(
         store: PostgresStore, cache: CachedStore, listener: ChangeListener, events: Events
     ) -> None:
         store.upsert([record("c-1")])
         await cache.fetch(["c-1"])  # the pool now holds a live connection
-        name = database_name(url)
+        name = database_name(postgres_url)
         admin(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
         try:
             assert listener.backend_pid is not None
@@ -367,7 +377,7 @@ def test_change_missed_while_disconnected_leaves_no_stale_entry(
         await eventually(lambda: listener.listening)
         assert await status(cache, "c-1") is Status.REVOKED
 
-    run_with_listener(url, scenario, backoff_initial_s=0.05, backoff_max_s=0.2)
+    run_with_listener(postgres_url, scenario, backoff_initial_s=0.05, backoff_max_s=0.2)
 
 
 def test_listener_logs_never_show_the_password(caplog: pytest.LogCaptureFixture) -> None:
@@ -399,8 +409,8 @@ def test_listener_logs_never_show_the_password(caplog: pytest.LogCaptureFixture)
     assert PASSWORD not in caplog.text
 
 
-def test_change_listener_is_only_for_postgres(url: str, tmp_path: Any) -> None:
-    store = PostgresStore(url)
+def test_change_listener_is_only_for_postgres(postgres_url: str, tmp_path: Any) -> None:
+    store = PostgresStore(postgres_url)
     assert isinstance(change_listener(store, CachedStore(store)), ChangeListener)
     sqlite = SqliteStore(tmp_path / "meta.db")
     assert change_listener(sqlite, CachedStore(sqlite)) is None
@@ -410,13 +420,13 @@ def test_change_listener_is_only_for_postgres(url: str, tmp_path: Any) -> None:
 # --- the pool through outages ------------------------------------------------------------------
 
 
-def test_fetch_survives_killed_pool_connections(url: str, sql: Callable[..., Any]) -> None:
+def test_fetch_survives_killed_pool_connections(postgres_url: str, sql: Callable[..., Any]) -> None:
     async def main() -> None:
-        store = PostgresStore(url)
+        store = PostgresStore(postgres_url)
         store.upsert([record("c-1")])
         try:
             assert set(await store.fetch(["c-1"])) == {"c-1"}
-            terminate(backends(url))
+            terminate(backends(postgres_url))
             assert set(await store.fetch(["c-1"])) == {"c-1"}
         finally:
             await store.aclose()
@@ -424,18 +434,20 @@ def test_fetch_survives_killed_pool_connections(url: str, sql: Callable[..., Any
     asyncio.run(main())
 
 
-def test_unreachable_database_fails_closed_then_recovers(url: str, sql: Callable[..., Any]) -> None:
-    name = database_name(url)
+def test_unreachable_database_fails_closed_then_recovers(
+    postgres_url: str, sql: Callable[..., Any]
+) -> None:
+    name = database_name(postgres_url)
 
     async def main() -> None:
         # One pooled connection, so none is being opened while access is revoked.
-        store = PostgresStore(url, query_timeout_s=0.5, pool_max_size=1)
+        store = PostgresStore(postgres_url, query_timeout_s=0.5, pool_max_size=1)
         store.upsert([record("c-1")])
         cache = CachedStore(store, ttl=0.01)
         try:
             assert set(await cache.fetch(["c-1"])) == {"c-1"}
             admin(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
-            terminate(backends(url))
+            terminate(backends(postgres_url))
             await asyncio.sleep(0.02)  # the cached entry expires
             with pytest.raises(StoreUnavailable):
                 await store.fetch(["c-1"])
@@ -458,39 +470,6 @@ def test_unreachable_database_fails_closed_then_recovers(url: str, sql: Callable
 
 
 # --- passwords -----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("url", "redacted"),
-    [
-        ("postgresql://gate:pw@db:5432/gate", "postgresql://gate:***@db:5432/gate"),
-        ("postgres://gate:p%40ss@db/gate", "postgres://gate:***@db/gate"),
-        (
-            "postgresql://gate@db/gate?password=pw&sslmode=require",
-            "postgresql://gate@db/gate?password=***&sslmode=require",
-        ),
-        ("postgresql://gate@db/gate", "postgresql://gate@db/gate"),
-        ("postgresql://:pw@db/gate", "postgresql://:***@db/gate"),
-    ],
-)
-def test_redact_url(url: str, redacted: str) -> None:
-    assert redact_url(url) == redacted
-
-
-def test_ambiguous_password_is_refused_without_echoing_it() -> None:
-    with pytest.raises(ValueError, match="ambiguous") as caught:
-        parse_postgres_url("postgresql://gate:ab/cd@db/gate")
-    assert "ab/cd" not in str(caught.value) and "cd@" not in str(caught.value)
-
-
-def test_connection_errors_never_show_the_password() -> None:
-    with pytest.raises(StoreUnavailable) as caught:
-        open_store(f"postgresql://gate:{PASSWORD}@127.0.0.1:1/gate")
-    assert PASSWORD not in str(caught.value)
-    assert "postgresql://gate:***@127.0.0.1:1/gate" in str(caught.value)
-    with pytest.raises(StoreUnavailable) as caught:
-        migrate(f"postgresql://gate:{PASSWORD}@127.0.0.1:1/gate")
-    assert PASSWORD not in str(caught.value)
 
 
 def test_driver_messages_are_scrubbed() -> None:

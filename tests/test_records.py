@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -71,13 +70,6 @@ def load_into_store(path: Path, store: SqliteStore) -> None:
 
 async def all_ids(store: SqliteStore, ids: list[str]) -> dict[str, ChunkRecord]:
     return dict(await store.fetch(ids))
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[SqliteStore]:
-    store = SqliteStore(tmp_path / "meta.db")
-    yield store
-    store.close()
 
 
 def assert_rejected(
@@ -186,37 +178,39 @@ MALFORMED = {
 
 @pytest.mark.parametrize(("record", "field", "fragment"), MALFORMED.values(), ids=MALFORMED.keys())
 def test_malformed_record_is_rejected_with_line_and_field(
-    tmp_path: Path, store: SqliteStore, record: dict[str, Any], field: str, fragment: str
+    tmp_path: Path, sqlite_store: SqliteStore, record: dict[str, Any], field: str, fragment: str
 ) -> None:
-    assert_rejected(tmp_path, store, json.dumps(record), field, fragment)
+    assert_rejected(tmp_path, sqlite_store, json.dumps(record), field, fragment)
 
 
-def test_line_that_is_not_an_object(tmp_path: Path, store: SqliteStore) -> None:
-    assert_rejected(tmp_path, store, '["c-1", "acme"]', None, "expected a JSON object, got array")
+def test_line_that_is_not_an_object(tmp_path: Path, sqlite_store: SqliteStore) -> None:
+    assert_rejected(
+        tmp_path, sqlite_store, '["c-1", "acme"]', None, "expected a JSON object, got array"
+    )
 
 
-def test_line_that_is_not_json(tmp_path: Path, store: SqliteStore) -> None:
-    assert_rejected(tmp_path, store, '{"chunk_id": "c-1",', None, "not valid JSON")
+def test_line_that_is_not_json(tmp_path: Path, sqlite_store: SqliteStore) -> None:
+    assert_rejected(tmp_path, sqlite_store, '{"chunk_id": "c-1",', None, "not valid JSON")
 
 
-def test_line_that_is_not_utf8(tmp_path: Path, store: SqliteStore) -> None:
+def test_line_that_is_not_utf8(tmp_path: Path, sqlite_store: SqliteStore) -> None:
     path = tmp_path / "chunks.jsonl"
     path.write_bytes(jsonl(valid("c-ok")).encode() + b'{"chunk_id": "\xff"}\n')
     with pytest.raises(RecordsInvalid) as caught:
-        load_into_store(path, store)
+        load_into_store(path, sqlite_store)
     [error] = caught.value.errors
     assert error.line == 2
     assert "not valid UTF-8" in error.message
 
 
-def test_key_given_twice_is_rejected(tmp_path: Path, store: SqliteStore) -> None:
+def test_key_given_twice_is_rejected(tmp_path: Path, sqlite_store: SqliteStore) -> None:
     line = json.dumps(valid(status="revoked"))[:-1] + ', "status": "approved"}'
-    assert_rejected(tmp_path, store, line, "status", "key appears twice")
+    assert_rejected(tmp_path, sqlite_store, line, "status", "key appears twice")
 
 
-def test_lone_surrogate_in_an_id_is_rejected(tmp_path: Path, store: SqliteStore) -> None:
+def test_lone_surrogate_in_an_id_is_rejected(tmp_path: Path, sqlite_store: SqliteStore) -> None:
     line = json.dumps(valid(tenant_id="acme\ud800"))  # JSON escape, valid UTF-8 file
-    assert_rejected(tmp_path, store, line, "tenant_id", "lone surrogate")
+    assert_rejected(tmp_path, sqlite_store, line, "tenant_id", "lone surrogate")
 
 
 def test_error_reads_like_the_documented_example(tmp_path: Path) -> None:
@@ -269,10 +263,10 @@ def test_error_messages_escape_hostile_ids(tmp_path: Path) -> None:
     assert "x" * 100 not in message
 
 
-def test_duplicate_chunk_id_names_both_lines(tmp_path: Path, store: SqliteStore) -> None:
+def test_duplicate_chunk_id_names_both_lines(tmp_path: Path, sqlite_store: SqliteStore) -> None:
     text = jsonl(valid("c-1"), valid("c-2"), valid("c-1", version="4"))
     with pytest.raises(RecordsInvalid) as caught:
-        load_into_store(write(tmp_path, text), store)
+        load_into_store(write(tmp_path, text), sqlite_store)
     [error] = [e for e in caught.value.errors if e.field == "chunk_id"]
     assert error.line == 3
     assert "line 1" in error.message
@@ -285,9 +279,11 @@ OVERLAPPING_VERSIONS = """\
 """  # noqa: E501
 
 
-def test_overlapping_approved_versions_are_rejected(tmp_path: Path, store: SqliteStore) -> None:
+def test_overlapping_approved_versions_are_rejected(
+    tmp_path: Path, sqlite_store: SqliteStore
+) -> None:
     with pytest.raises(RecordsInvalid) as caught:
-        load_into_store(write(tmp_path, OVERLAPPING_VERSIONS), store)
+        load_into_store(write(tmp_path, OVERLAPPING_VERSIONS), sqlite_store)
     [error] = caught.value.errors
     assert (error.line, error.chunk_id, error.field) == (2, "v2-a", "effective_at")
     assert "line 1" in error.message

@@ -154,6 +154,7 @@ def test_migrate_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert capsys.readouterr().out == "SQLite schema is at version 2\n"
 
 
+@pytest.mark.postgres
 def test_migrate_postgres(capsys: pytest.CaptureFixture[str]) -> None:
     with fresh_database() as url:
         assert run("show", "--store", url, "c-1") == 1

@@ -19,10 +19,9 @@ import psycopg
 import pytest
 
 from sidecar.core.record import ChunkRecord, Status
-from sidecar.store.postgres import PostgresStore, migrate
+from sidecar.store.postgres import PostgresStore
 from sidecar.store.sqlite import SqliteStore
 from sidecar.store.store import ChunkNotFound, LifecycleError, MetadataStore, StoreUnavailable
-from tests.fixtures.postgres import fresh_database
 from tests.fixtures.records import chunk_record as record
 
 
@@ -51,13 +50,6 @@ class Backend:
 def _signed_at(backend: str) -> object:
     moment = datetime(2025, 2, 1, 12, 0, tzinfo=UTC)
     return moment if backend == "postgresql" else "2025-02-01T12:00:00.000000Z"
-
-
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    with fresh_database() as url:
-        migrate(url)
-        yield url
 
 
 def _sqlite_backend(path: Path, runner: asyncio.Runner) -> Iterator[Backend]:
@@ -114,7 +106,7 @@ def _postgres_backend(
     runner.run(store.aclose())
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def backend(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Backend]:
@@ -122,7 +114,9 @@ def backend(
         if request.param == "sqlite":
             yield from _sqlite_backend(tmp_path / "meta.db", runner)
         else:
-            yield from _postgres_backend(request.getfixturevalue("pg_url"), runner, monkeypatch)
+            yield from _postgres_backend(
+                request.getfixturevalue("postgres_url"), runner, monkeypatch
+            )
 
 
 # --- upsert and fetch ----------------------------------------------------------------------

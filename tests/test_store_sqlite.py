@@ -6,7 +6,7 @@ import asyncio
 import logging
 import sqlite3
 import threading
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -30,28 +30,16 @@ def run(store: MetadataStore, ids: Collection[str]) -> Mapping[str, ChunkRecord]
     return asyncio.run(store.fetch(ids))
 
 
-@pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "meta.db"
-
-
-@pytest.fixture
-def store(db_path: Path) -> Iterator[SqliteStore]:
-    store = SqliteStore(db_path)
-    yield store
-    store.close()
-
-
 def load_fixture(tmp_path: Path, text: str = CHUNKS_JSONL) -> list[ChunkRecord]:
     path = tmp_path / "chunks.jsonl"
     path.write_text(text)
     return load_jsonl(path)
 
 
-def test_loaded_records_round_trip(tmp_path: Path, store: SqliteStore) -> None:
+def test_loaded_records_round_trip(tmp_path: Path, sqlite_store: SqliteStore) -> None:
     records = load_fixture(tmp_path)
-    assert store.upsert(records) == 2
-    fetched = run(store, ["c-1", "c-2"])
+    assert sqlite_store.upsert(records) == 2
+    fetched = run(sqlite_store, ["c-1", "c-2"])
     assert fetched == {r.chunk_id: r for r in records}
     first, second = fetched["c-1"], fetched["c-2"]
     assert first.effective_at == datetime(2025, 1, 1, 0, 0, tzinfo=UTC)
@@ -66,113 +54,115 @@ def test_loaded_records_round_trip(tmp_path: Path, store: SqliteStore) -> None:
     assert second.text == "Caf\u00e9 menu\r\n"
 
 
-def test_timestamps_are_stored_as_fixed_width_utc(db_path: Path, store: SqliteStore) -> None:
+def test_timestamps_are_stored_as_fixed_width_utc(
+    sqlite_path: Path, sqlite_store: SqliteStore
+) -> None:
     moment = datetime.fromisoformat("0999-03-04T05:06:07.5+01:00")
-    store.upsert([record("c-1", effective_at=moment)])
-    with sqlite3.connect(db_path) as raw:
+    sqlite_store.upsert([record("c-1", effective_at=moment)])
+    with sqlite3.connect(sqlite_path) as raw:
         row = raw.execute(
             "SELECT effective_at, expires_at, allowed_principals, requires_signature FROM chunks"
         ).fetchone()
     assert row == ("0999-03-04T04:06:07.500000Z", None, '["group:support"]', 0)
 
 
-def test_every_status_round_trips(store: SqliteStore) -> None:
+def test_every_status_round_trips(sqlite_store: SqliteStore) -> None:
     records = [record(f"c-{status}", status=status) for status in Status]
-    store.upsert(records)
-    assert run(store, [r.chunk_id for r in records]) == {r.chunk_id: r for r in records}
+    sqlite_store.upsert(records)
+    assert run(sqlite_store, [r.chunk_id for r in records]) == {r.chunk_id: r for r in records}
 
 
-def test_absent_ids_are_left_out(store: SqliteStore) -> None:
-    store.upsert([record("c-1")])
-    assert run(store, ["c-1", "nope", "c-1"]) == {"c-1": record("c-1")}
-    assert run(store, ["nope"]) == {}
-    assert run(store, []) == {}
+def test_absent_ids_are_left_out(sqlite_store: SqliteStore) -> None:
+    sqlite_store.upsert([record("c-1")])
+    assert run(sqlite_store, ["c-1", "nope", "c-1"]) == {"c-1": record("c-1")}
+    assert run(sqlite_store, ["nope"]) == {}
+    assert run(sqlite_store, []) == {}
 
 
-def test_fetch_is_one_query_per_900_ids(store: SqliteStore) -> None:
+def test_fetch_is_one_query_per_900_ids(sqlite_store: SqliteStore) -> None:
     records = [record(f"c-{n}") for n in range(2000)]
-    store.upsert(records)
+    sqlite_store.upsert(records)
     statements: list[str] = []
-    store._reader.set_trace_callback(statements.append)
+    sqlite_store._reader.set_trace_callback(statements.append)
     ids = [r.chunk_id for r in records] + ["absent-1", "absent-2"]
-    assert len(run(store, ids)) == 2000
+    assert len(run(sqlite_store, ids)) == 2000
     selects = [s for s in statements if s.startswith("SELECT")]
     assert len(selects) == 3  # 2002 ids: 900 + 900 + 202
     statements.clear()
-    assert len(run(store, ids[:50])) == 50
+    assert len(run(sqlite_store, ids[:50])) == 50
     assert [s.split()[0] for s in statements] == ["SELECT"]
 
 
-def test_upsert_replaces_existing_records(store: SqliteStore) -> None:
-    store.upsert([record("c-1"), record("c-2")])
-    store.upsert([record("c-1", status=Status.REVOKED)])
-    fetched = run(store, ["c-1", "c-2"])
+def test_upsert_replaces_existing_records(sqlite_store: SqliteStore) -> None:
+    sqlite_store.upsert([record("c-1"), record("c-2")])
+    sqlite_store.upsert([record("c-1", status=Status.REVOKED)])
+    fetched = run(sqlite_store, ["c-1", "c-2"])
     assert fetched["c-1"].status is Status.REVOKED
     assert fetched["c-2"] == record("c-2")
 
 
-def test_upsert_is_all_or_none(store: SqliteStore) -> None:
-    store.upsert([record("c-1")])
+def test_upsert_is_all_or_none(sqlite_store: SqliteStore) -> None:
+    sqlite_store.upsert([record("c-1")])
     batch = [
         record("c-1", status=Status.REVOKED),
         record("c-2"),
         record("c-3", sha256="NOT-A-HASH"),  # violates the table's CHECK constraint
     ]
     with pytest.raises(ValueError, match="nothing was written"):
-        store.upsert(batch)
-    assert run(store, ["c-1", "c-2", "c-3"]) == {"c-1": record("c-1")}
-    store.upsert([record("c-2")])  # the writer is usable after the rollback
-    assert set(run(store, ["c-2"])) == {"c-2"}
+        sqlite_store.upsert(batch)
+    assert run(sqlite_store, ["c-1", "c-2", "c-3"]) == {"c-1": record("c-1")}
+    sqlite_store.upsert([record("c-2")])  # the writer is usable after the rollback
+    assert set(run(sqlite_store, ["c-2"])) == {"c-2"}
 
 
-def test_upsert_refuses_naive_timestamps(store: SqliteStore) -> None:
+def test_upsert_refuses_naive_timestamps(sqlite_store: SqliteStore) -> None:
     batch = [record("c-1"), record("c-2", expires_at=datetime(2026, 1, 1))]
     with pytest.raises(ValueError, match="no time zone"):
-        store.upsert(batch)
-    assert run(store, ["c-1", "c-2"]) == {}
+        sqlite_store.upsert(batch)
+    assert run(sqlite_store, ["c-1", "c-2"]) == {}
 
 
-def test_invalid_file_loads_nothing(tmp_path: Path, store: SqliteStore) -> None:
+def test_invalid_file_loads_nothing(tmp_path: Path, sqlite_store: SqliteStore) -> None:
     text = CHUNKS_JSONL.replace('"status": "approved"', '"status": "live"')
     with pytest.raises(RecordsInvalid):
-        store.upsert(load_fixture(tmp_path, text))
-    assert run(store, ["c-1", "c-2"]) == {}
+        sqlite_store.upsert(load_fixture(tmp_path, text))
+    assert run(sqlite_store, ["c-1", "c-2"]) == {}
 
 
-def test_data_survives_reopening(db_path: Path) -> None:
-    first = SqliteStore(db_path)
+def test_data_survives_reopening(sqlite_path: Path) -> None:
+    first = SqliteStore(sqlite_path)
     first.upsert([record("c-1")])
     first.close()
-    second = SqliteStore(db_path)
+    second = SqliteStore(sqlite_path)
     try:
         assert run(second, ["c-1"]) == {"c-1": record("c-1")}
     finally:
         second.close()
-    with sqlite3.connect(db_path) as raw:
+    with sqlite3.connect(sqlite_path) as raw:
         assert raw.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
 
-def test_version_1_file_is_upgraded_in_place(db_path: Path) -> None:
-    SqliteStore(db_path).close()
-    with sqlite3.connect(db_path) as raw:
+def test_version_1_file_is_upgraded_in_place(sqlite_path: Path) -> None:
+    SqliteStore(sqlite_path).close()
+    with sqlite3.connect(sqlite_path) as raw:
         raw.execute("DROP TABLE electronic_signatures")
         raw.execute("UPDATE schema_version SET version = 1")
-    store = SqliteStore(db_path)
+    store = SqliteStore(sqlite_path)
     store.upsert([record("c-1")])
     assert run(store, ["c-1"]) == {"c-1": record("c-1")}
     store.close()
-    with sqlite3.connect(db_path) as raw:
+    with sqlite3.connect(sqlite_path) as raw:
         assert raw.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
         assert raw.execute("SELECT count(*) FROM electronic_signatures").fetchone() == (0,)
 
 
-def test_unknown_schema_version_is_refused(db_path: Path) -> None:
-    SqliteStore(db_path).close()
-    with sqlite3.connect(db_path) as raw:
+def test_unknown_schema_version_is_refused(sqlite_path: Path) -> None:
+    SqliteStore(sqlite_path).close()
+    with sqlite3.connect(sqlite_path) as raw:
         raw.execute("UPDATE schema_version SET version = 99")
     with pytest.raises(StoreUnavailable, match="schema version 99"):
-        SqliteStore(db_path)
+        SqliteStore(sqlite_path)
 
 
 def test_unopenable_file_is_store_unavailable(tmp_path: Path) -> None:
@@ -185,18 +175,18 @@ def test_unopenable_file_is_store_unavailable(tmp_path: Path) -> None:
 
 
 def test_sqlite_errors_during_fetch_are_store_unavailable(
-    db_path: Path, store: SqliteStore
+    sqlite_path: Path, sqlite_store: SqliteStore
 ) -> None:
-    store.upsert([record("c-1", text="secret chunk text")])
-    with sqlite3.connect(db_path) as raw:
+    sqlite_store.upsert([record("c-1", text="secret chunk text")])
+    with sqlite3.connect(sqlite_path) as raw:
         raw.execute("DROP TABLE chunks")
     with pytest.raises(StoreUnavailable) as caught:
-        run(store, ["c-1"])
+        run(sqlite_store, ["c-1"])
     assert "secret" not in str(caught.value)
 
 
-def test_fetch_after_close_is_store_unavailable(db_path: Path) -> None:
-    store = SqliteStore(db_path)
+def test_fetch_after_close_is_store_unavailable(sqlite_path: Path) -> None:
+    store = SqliteStore(sqlite_path)
     store.close()
     with pytest.raises(StoreUnavailable):
         run(store, ["c-1"])
@@ -205,15 +195,15 @@ def test_fetch_after_close_is_store_unavailable(db_path: Path) -> None:
 
 
 def test_undecodable_row_makes_only_that_chunk_missing(
-    db_path: Path, store: SqliteStore, caplog: pytest.LogCaptureFixture
+    sqlite_path: Path, sqlite_store: SqliteStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store.upsert([record("c-1"), record("c-2", text="secret chunk text")])
-    with sqlite3.connect(db_path) as raw:
+    sqlite_store.upsert([record("c-1"), record("c-2", text="secret chunk text")])
+    with sqlite3.connect(sqlite_path) as raw:
         # Someone bypasses the CHECK constraints while editing by hand.
         raw.execute("PRAGMA ignore_check_constraints = ON")
         raw.execute("UPDATE chunks SET allowed_principals = '[1]' WHERE chunk_id = 'c-2'")
-    with caplog.at_level(logging.WARNING, logger="sidecar.store.sqlite"):
-        assert run(store, ["c-1", "c-2"]) == {"c-1": record("c-1")}
+    with caplog.at_level(logging.WARNING, logger="sidecar.store.rows"):
+        assert run(sqlite_store, ["c-1", "c-2"]) == {"c-1": record("c-1")}
     [message] = [r.getMessage() for r in caplog.records]
     assert "'c-2'" in message
     assert "allowed_principals" in message
@@ -232,20 +222,20 @@ def test_undecodable_row_makes_only_that_chunk_missing(
     ],
 )
 def test_each_bad_column_is_detected(
-    db_path: Path, store: SqliteStore, column: str, value: str
+    sqlite_path: Path, sqlite_store: SqliteStore, column: str, value: str
 ) -> None:
-    store.upsert([record("c-1")])
-    with sqlite3.connect(db_path) as raw:
+    sqlite_store.upsert([record("c-1")])
+    with sqlite3.connect(sqlite_path) as raw:
         raw.execute("PRAGMA ignore_check_constraints = ON")
         raw.execute(f"UPDATE chunks SET {column} = {value}")
-    assert run(store, ["c-1"]) == {}
+    assert run(sqlite_store, ["c-1"]) == {}
 
 
-def test_upsert_from_another_thread_is_seen_by_fetch(store: SqliteStore) -> None:
-    worker = threading.Thread(target=store.upsert, args=([record("c-1")],))
+def test_upsert_from_another_thread_is_seen_by_fetch(sqlite_store: SqliteStore) -> None:
+    worker = threading.Thread(target=sqlite_store.upsert, args=([record("c-1")],))
     worker.start()
     worker.join()
-    assert run(store, ["c-1"]) == {"c-1": record("c-1")}
+    assert run(sqlite_store, ["c-1"]) == {"c-1": record("c-1")}
 
 
 def test_open_store_relative_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,59 +30,47 @@ _V = TypeVar("_V")
 
 
 class CacheObserver(Protocol):
-    """Receives cache events, e.g. to count them in Prometheus."""
+    """Receives cache events, e.g. to count them in Prometheus.
+
+    Each method here ignores its event, so that a subclass overrides only the
+    events it counts (``GateMetrics`` implements them all without subclassing).
+    """
 
     def hit(self, n: int) -> None:
         """``n`` ids were answered from the cache (found or known absent)."""
+        return None
 
     def miss(self, n: int) -> None:
         """``n`` ids had to be looked up in the store."""
+        return None
 
     def store_error(self) -> None:
         """A lookup in the store failed with StoreUnavailable."""
+        return None
 
     def store_latency(self, seconds: float) -> None:
         """One lookup in the store took ``seconds`` (wall clock), failed or not."""
+        return None
 
     def evicted(self, n: int) -> None:
         """``n`` entries were dropped before they expired, to respect the size bound."""
+        return None
 
     def invalidated(self, n: int) -> None:
         """``n`` ids were invalidated (whether or not they were cached)."""
+        return None
 
     def cleared(self) -> None:
         """Everything cached was dropped (e.g. the change listener reconnected)."""
+        return None
 
     def stale_served(self, n: int) -> None:
         """``n`` expired records were served because the store failed (stale-if-error)."""
+        return None
 
 
-class NullCacheObserver:
+class NullCacheObserver(CacheObserver):
     """Ignores every event."""
-
-    def hit(self, n: int) -> None:
-        """Ignore the event."""
-
-    def miss(self, n: int) -> None:
-        """Ignore the event."""
-
-    def store_error(self) -> None:
-        """Ignore the event."""
-
-    def store_latency(self, seconds: float) -> None:
-        """Ignore the event."""
-
-    def evicted(self, n: int) -> None:
-        """Ignore the event."""
-
-    def invalidated(self, n: int) -> None:
-        """Ignore the event."""
-
-    def cleared(self) -> None:
-        """Ignore the event."""
-
-    def stale_served(self, n: int) -> None:
-        """Ignore the event."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,28 +154,15 @@ class CachedStore:
         When the store fails, expired records within ``stale_if_error_seconds``
         still answer; the error is raised only if some id remains unanswered.
         """
-        records, misses = self._from_cache(chunk_ids)
-        if misses:
-            try:
-                records.update(await self._from_store(misses))
-            except StoreUnavailable:
-                stale = self._stale(misses)
-                if len(stale) < len(misses):
-                    raise
-                records.update(stale)
+        records, unavailable, error = await self._lookup(chunk_ids)
+        if error is not None and unavailable:
+            raise error
         return records
 
     async def fetch_partial(self, chunk_ids: Collection[str]) -> Lookup:
         """Like ``fetch``, but a store failure still returns what the cache can serve."""
-        records, misses = self._from_cache(chunk_ids)
-        if misses:
-            try:
-                records.update(await self._from_store(misses))
-            except StoreUnavailable:
-                stale = self._stale(misses)
-                records.update(stale)
-                return Lookup(records, frozenset(misses).difference(stale))
-        return Lookup(records, frozenset())
+        records, unavailable, _ = await self._lookup(chunk_ids)
+        return Lookup(records, unavailable)
 
     def upsert(self, records: Iterable[ChunkRecord]) -> int:
         """Write through to the inner store, then drop the written ids from the cache."""
@@ -245,6 +220,20 @@ class CachedStore:
             self._negative_maxsize, self._negative_ttl, self._timer, evicted
         )
         return found, absent
+
+    async def _lookup(
+        self, chunk_ids: Collection[str]
+    ) -> tuple[dict[str, ChunkRecord], frozenset[str], StoreUnavailable | None]:
+        """What the cache and the store know, the ids left unanswered, and the store's error."""
+        records, misses = self._from_cache(chunk_ids)
+        if misses:
+            try:
+                records.update(await self._from_store(misses))
+            except StoreUnavailable as error:
+                stale = self._stale(misses)
+                records.update(stale)
+                return records, frozenset(misses).difference(stale), error
+        return records, frozenset(), None
 
     def _from_cache(self, chunk_ids: Collection[str]) -> tuple[dict[str, ChunkRecord], list[str]]:
         unique = dict.fromkeys(chunk_ids)

@@ -37,6 +37,9 @@ _ANY_CASE_HEX = re.compile(r"[0-9a-fA-F]{64}")
 
 _T = TypeVar("_T")
 
+# Stands in for a missing or invalid effective_at in a record that is rejected anyway.
+_NO_TIME = datetime.min.replace(tzinfo=UTC)
+
 
 def quote_for_message(value: str) -> str:
     """``value`` as a JSON string for an operator's message, cut to 80 characters."""
@@ -361,47 +364,32 @@ def _validate(obj: object, line: int | None, source: str | None) -> ChunkRecord 
     for name in obj:
         if name not in RECORD_FIELDS:
             fail(str(name), "unknown field")
-    chunk_id = field("chunk_id", _identifier, "", required=True)
-    doc_id = field("doc_id", _identifier, "", required=True)
-    version = field("version", _string, "", required=False)
-    tenant_id = field("tenant_id", _identifier, "", required=True)
-    no_principals: tuple[str, ...] = ()
-    principals = field("allowed_principals", _principals, no_principals, required=True)
-    status = field("status", _status, Status.DRAFT, required=True)
-    effective_at = field("effective_at", _timestamp, None, required=True)
-    expires_at = field("expires_at", _or_null(_timestamp), None, required=False)
-    sha256 = field("sha256", _sha256, "", required=True)
-    source_uri = field("source_uri", _string, "", required=False)
-    superseded_by = field("superseded_by", _or_null(_identifier), None, required=False)
-    requires_signature = field("requires_signature", _flag, False, required=False)
-    text = field("text", _or_null(_string), None, required=False)
-
-    if effective_at is not None and expires_at is not None and expires_at <= effective_at:
-        fail("expires_at", "must be after effective_at")
-    if superseded_by is not None and superseded_by == chunk_id:
-        fail("superseded_by", "a chunk cannot supersede itself")
-    if text is not None and sha256:
-        actual = canonical_sha256(text)
-        if actual != sha256:
-            fail("text", f"canonical SHA-256 of text is {actual}, which does not match sha256")
-    if errors:
-        return errors
-    assert effective_at is not None  # required: its absence was recorded as an error
-    return ChunkRecord(
-        chunk_id=chunk_id,
-        doc_id=doc_id,
-        version=version,
-        tenant_id=tenant_id,
-        allowed_principals=principals,
-        status=status,
-        effective_at=effective_at,
-        expires_at=expires_at,
-        sha256=sha256,
-        source_uri=source_uri,
-        superseded_by=superseded_by,
-        requires_signature=requires_signature,
-        text=text,
+    record = ChunkRecord(
+        chunk_id=field("chunk_id", _identifier, "", required=True),
+        doc_id=field("doc_id", _identifier, "", required=True),
+        version=field("version", _string, "", required=False),
+        tenant_id=field("tenant_id", _identifier, "", required=True),
+        allowed_principals=field("allowed_principals", _principals, (), required=True),
+        status=field("status", _status, Status.DRAFT, required=True),
+        effective_at=field("effective_at", _timestamp, _NO_TIME, required=True),
+        expires_at=field("expires_at", _or_null(_timestamp), None, required=False),
+        sha256=field("sha256", _sha256, "", required=True),
+        source_uri=field("source_uri", _string, "", required=False),
+        superseded_by=field("superseded_by", _or_null(_identifier), None, required=False),
+        requires_signature=field("requires_signature", _flag, False, required=False),
+        text=field("text", _or_null(_string), None, required=False),
     )
+    # Checks across fields; a placeholder (empty, _NO_TIME) never fails one.
+    effective_at, expires_at = record.effective_at, record.expires_at
+    if effective_at is not _NO_TIME and expires_at is not None and expires_at <= effective_at:
+        fail("expires_at", "must be after effective_at")
+    if record.superseded_by is not None and record.superseded_by == record.chunk_id:
+        fail("superseded_by", "a chunk cannot supersede itself")
+    if record.text is not None and record.sha256:
+        actual = canonical_sha256(record.text)
+        if actual != record.sha256:
+            fail("text", f"canonical SHA-256 of text is {actual}, which does not match sha256")
+    return errors or record
 
 
 def _duplicate_ids(loaded: Iterable[tuple[int, ChunkRecord]], source: str) -> list[RecordError]:

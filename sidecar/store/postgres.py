@@ -19,11 +19,9 @@ or passes on is scrubbed of it (see ``dsn.py``).
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -34,10 +32,9 @@ from sidecar.core.record import ChunkRecord, Status
 from sidecar.postgres.dsn import PostgresUrl, parse_postgres_url
 from sidecar.postgres.errors import describe_error
 from sidecar.store.lifecycle import check_status_change
+from sidecar.store.rows import RowCodec
 from sidecar.store.schema import Migration, apply_migrations, check_schema
 from sidecar.store.store import StoreUnavailable
-
-_log = logging.getLogger(__name__)
 
 _SELECT = """
     SELECT c.chunk_id, c.doc_id, c.version, c.tenant_id, c.allowed_principals, c.status,
@@ -79,6 +76,9 @@ _MERGE = """
         requires_signature = excluded.requires_signature, text = excluded.text
     WHERE ROW(chunks.*) IS DISTINCT FROM ROW(excluded.*)
 """
+
+# psycopg adapts lists to text[] and aware datetimes to timestamptz, both ways.
+_ROWS = RowCodec()
 
 DEFAULT_QUERY_TIMEOUT_S = 1.0
 DEFAULT_CONNECT_TIMEOUT_S = 5
@@ -165,7 +165,7 @@ class PostgresStore:
                     f"PostgreSQL metadata query on {self.url} failed: {describe_error(exc)}"
                 )
             ) from None
-        return _decode_rows(rows)
+        return _ROWS.decode_rows(rows)
 
     async def _select(self, ids: list[str]) -> list[TupleRow]:
         async with self._pool.connection() as connection:
@@ -187,7 +187,7 @@ class PostgresStore:
         batch = list(records)
         # Encode first, so that a bad record fails before the transaction starts.
         # The last record of an id wins, as if they were written one by one.
-        rows = {record.chunk_id: _encode(record) for record in batch}
+        rows = {record.chunk_id: _ROWS.encode(record) for record in batch}
         with self._operation("upsert") as connection, connection.transaction():
             connection.execute(_STAGE)
             with connection.cursor() as cursor, cursor.copy(_COPY) as copy:
@@ -200,7 +200,7 @@ class PostgresStore:
         """The record of one chunk (text included), or None; raises StoreUnavailable."""
         with self._operation("lookup") as connection:
             row = connection.execute(_GET, (chunk_id,)).fetchone()
-        return None if row is None else _decode(row)
+        return None if row is None else _ROWS.decode(row)
 
     def set_status(
         self, chunk_id: str, status: Status, superseded_by: str | None = None
@@ -208,7 +208,7 @@ class PostgresStore:
         """Set status and successor with both rows locked; see ``MetadataStore.set_status``."""
         ids = [chunk_id] if superseded_by is None else [chunk_id, superseded_by]
         with self._operation("status change") as connection, connection.transaction():
-            found = _decode_rows(connection.execute(_LOCK, (ids,)).fetchall())
+            found = _ROWS.decode_rows(connection.execute(_LOCK, (ids,)).fetchall())
             check_status_change(
                 chunk_id,
                 status,
@@ -219,7 +219,7 @@ class PostgresStore:
             connection.execute(_SET_STATUS, (Status(status).value, superseded_by, chunk_id))
             row = connection.execute(_GET, (chunk_id,)).fetchone()
         assert row is not None  # locked above, so still there
-        return _decode(row)
+        return _ROWS.decode(row)
 
     def close(self) -> None:
         """Refuse further operations. The pool is released by ``aclose``."""
@@ -308,81 +308,3 @@ def _connection(url: PostgresUrl) -> Iterator[psycopg.Connection[TupleRow]]:
         ) from None
     with connection:
         yield connection
-
-
-def _encode(record: ChunkRecord) -> tuple[object, ...]:
-    for moment in (record.effective_at, record.expires_at):
-        if moment is not None and moment.utcoffset() is None:
-            raise ValueError("a record timestamp has no time zone; refusing to guess one")
-    return (
-        record.chunk_id,
-        record.doc_id,
-        record.version,
-        record.tenant_id,
-        list(record.allowed_principals),
-        Status(record.status).value,
-        record.effective_at,
-        record.expires_at,
-        record.sha256,
-        record.source_uri,
-        record.superseded_by,
-        record.requires_signature,
-        record.text,
-    )
-
-
-def _decode_rows(rows: Sequence[TupleRow]) -> dict[str, ChunkRecord]:
-    records = {}
-    for row in rows:
-        try:
-            record = _decode(row)
-        except (TypeError, ValueError):
-            # Only possible if someone dropped the table's constraints: reject
-            # this chunk (MISSING_METADATA) rather than the whole response.
-            _log.warning("metadata row for chunk %r cannot be decoded; treated as missing", row[0])
-            continue
-        records[record.chunk_id] = record
-    return records
-
-
-def _decode(row: TupleRow) -> ChunkRecord:
-    (
-        chunk_id,
-        doc_id,
-        version,
-        tenant_id,
-        principals,
-        status,
-        effective_at,
-        expires_at,
-        sha256,
-        source_uri,
-        superseded_by,
-        requires_signature,
-        text,
-        signature_valid,
-    ) = row
-    if not principals or not all(isinstance(p, str) and p for p in principals):
-        raise ValueError("allowed_principals")
-    return ChunkRecord(
-        chunk_id=chunk_id,
-        doc_id=doc_id,
-        version=version,
-        tenant_id=tenant_id,
-        allowed_principals=tuple(principals),
-        status=Status(status),
-        effective_at=_utc(effective_at),
-        expires_at=None if expires_at is None else _utc(expires_at),
-        sha256=sha256,
-        source_uri=source_uri,
-        superseded_by=superseded_by,
-        requires_signature=bool(requires_signature),
-        text=text,
-        signature_valid=bool(signature_valid),
-    )
-
-
-def _utc(moment: object) -> datetime:
-    if not isinstance(moment, datetime) or moment.utcoffset() is None:
-        raise TypeError("timestamp")
-    return moment.astimezone(UTC)

@@ -17,15 +17,11 @@ which scripts reading the file may rely on:
 (without signatures) are upgraded in place when opened.
 
 CHECK constraints guard these forms against hand edits. A row that still cannot
-be decoded is logged (chunk id and column, never values) and left out of the
-``fetch`` result, so only that chunk is rejected (as MISSING_METADATA) while the
-rest of the response is still served; failing the whole lookup instead would
-reject every chunk of every response that touches the bad row.
+be decoded is logged and counts as absent (see ``rows.py``).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import sqlite3
 import threading
@@ -36,11 +32,10 @@ import orjson
 
 from sidecar.core.record import CONTRACT_FIELDS, ChunkRecord, Status
 from sidecar.store.lifecycle import check_status_change
+from sidecar.store.rows import RowCodec
 from sidecar.store.store import StoreUnavailable
 
 SCHEMA_VERSION = 2
-
-_log = logging.getLogger(__name__)
 
 _COLUMNS = CONTRACT_FIELDS
 _TIMESTAMP_GLOB = (
@@ -144,15 +139,10 @@ class SqliteStore:
         # cost, and the event loop thread is normally the only user of the reader.
         try:
             with self._read_lock:
-                rows = _select(self._reader, ids)
+                selected = _select(self._reader, ids)
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"SQLite metadata query failed: {exc}") from exc
-        records = {}
-        for row in rows:
-            record = _decode_or_log(row)
-            if record is not None:
-                records[record.chunk_id] = record
-        return records
+        return _ROWS.decode_rows(selected)
 
     def upsert(self, records: Iterable[ChunkRecord]) -> int:
         """Insert or replace records in one transaction (all or none); return the count.
@@ -162,17 +152,17 @@ class SqliteStore:
         SQLite error; in both cases nothing is written.
         """
         # Encode first, so that a bad record fails before the transaction starts.
-        rows = [_encode(record) for record in records]
+        encoded = [_ROWS.encode(record) for record in records]
         try:
             with self._write_lock:
-                _write(self._writer, rows)
+                _write(self._writer, encoded)
         except sqlite3.IntegrityError as exc:
             raise ValueError(
                 f"a record violates the chunks table constraints ({exc}); nothing was written"
             ) from exc
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"SQLite metadata upsert failed: {exc}") from exc
-        return len(rows)
+        return len(encoded)
 
     def get(self, chunk_id: str) -> ChunkRecord | None:
         """The record of one chunk (text included), or None.
@@ -185,7 +175,7 @@ class SqliteStore:
                 row = self._reader.execute(_GET, (chunk_id,)).fetchone()
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"SQLite metadata query failed: {exc}") from exc
-        return None if row is None else _decode_or_log(row)
+        return None if row is None else _ROWS.decode_or_log(row)
 
     def set_status(
         self, chunk_id: str, status: Status, superseded_by: str | None = None
@@ -196,7 +186,7 @@ class SqliteStore:
                 row = _change_status(self._writer, chunk_id, Status(status), superseded_by)
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"SQLite metadata status change failed: {exc}") from exc
-        record = _decode_or_log(row)
+        record = _ROWS.decode_or_log(row)
         if record is None:
             raise StoreUnavailable(f"metadata row for chunk {chunk_id!r} cannot be decoded")
         return record
@@ -297,8 +287,8 @@ def _change_status(
             chunk_id,
             status,
             superseded_by,
-            current=None if current is None else _decode_or_log(current),
-            successor=None if successor is None else _decode_or_log(successor),
+            current=None if current is None else _ROWS.decode_or_log(current),
+            successor=None if successor is None else _ROWS.decode_or_log(successor),
         )
         connection.execute(_SET_STATUS, (status.value, superseded_by, chunk_id))
         row: tuple[object, ...] = connection.execute(_GET, (chunk_id,)).fetchone()
@@ -319,121 +309,25 @@ def _write(connection: sqlite3.Connection, rows: list[tuple[object, ...]]) -> No
         raise
 
 
-def _format_timestamp(moment: datetime) -> str:
-    if moment.utcoffset() is None:
-        raise ValueError("a record timestamp has no time zone; refusing to guess one")
-    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+class _SqliteRows(RowCodec):
+    """Principals as a JSON array, timestamps as fixed-width RFC 3339 text in UTC."""
+
+    def principals_out(self, principals: tuple[str, ...]) -> object:
+        return orjson.dumps(list(principals)).decode()
+
+    def timestamp_out(self, moment: datetime) -> object:
+        # Aware: RowCodec.encode refuses naive timestamps first.
+        return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+    def principals_in(self, stored: object) -> object:
+        if not isinstance(stored, str):
+            raise TypeError("allowed_principals is not text")
+        return orjson.loads(stored)
+
+    def timestamp_in(self, stored: object) -> object:
+        if not isinstance(stored, str):
+            raise TypeError("timestamp is not text")
+        return datetime.fromisoformat(stored)
 
 
-def _encode(record: ChunkRecord) -> tuple[object, ...]:
-    return (
-        record.chunk_id,
-        record.doc_id,
-        record.version,
-        record.tenant_id,
-        orjson.dumps(list(record.allowed_principals)).decode(),
-        Status(record.status).value,
-        _format_timestamp(record.effective_at),
-        None if record.expires_at is None else _format_timestamp(record.expires_at),
-        record.sha256,
-        record.source_uri,
-        record.superseded_by,
-        int(record.requires_signature),
-        record.text,
-    )
-
-
-class _UndecodableColumn(Exception):
-    def __init__(self, column: str) -> None:
-        super().__init__(column)
-        self.column = column
-
-
-def _decode_or_log(row: tuple[object, ...]) -> ChunkRecord | None:
-    try:
-        return _decode(row)
-    except _UndecodableColumn as exc:
-        _log.warning(
-            "metadata row for chunk %r cannot be decoded (column %s); treated as missing",
-            row[0],
-            exc.column,
-        )
-        return None
-
-
-def _decode(row: tuple[object, ...]) -> ChunkRecord:
-    (
-        chunk_id,
-        doc_id,
-        version,
-        tenant_id,
-        principals,
-        status,
-        effective_at,
-        expires_at,
-        sha256,
-        source_uri,
-        superseded_by,
-        requires_signature,
-        text,
-        signature_valid,
-    ) = row
-    return ChunkRecord(
-        chunk_id=_text(chunk_id, "chunk_id"),
-        doc_id=_text(doc_id, "doc_id"),
-        version=_text(version, "version"),
-        tenant_id=_text(tenant_id, "tenant_id"),
-        allowed_principals=_principals(principals),
-        status=_status(status),
-        effective_at=_timestamp(effective_at, "effective_at"),
-        expires_at=None if expires_at is None else _timestamp(expires_at, "expires_at"),
-        sha256=_text(sha256, "sha256"),
-        source_uri=_text(source_uri, "source_uri"),
-        superseded_by=None if superseded_by is None else _text(superseded_by, "superseded_by"),
-        requires_signature=_flag(requires_signature),
-        text=None if text is None else _text(text, "text"),
-        signature_valid=signature_valid == 1,
-    )
-
-
-def _text(value: object, column: str) -> str:
-    if not isinstance(value, str):
-        raise _UndecodableColumn(column)
-    return value
-
-
-def _principals(value: object) -> tuple[str, ...]:
-    try:
-        principals = orjson.loads(_text(value, "allowed_principals"))
-    except orjson.JSONDecodeError:
-        raise _UndecodableColumn("allowed_principals") from None
-    if (
-        not isinstance(principals, list)
-        or not principals
-        or not all(isinstance(p, str) and p for p in principals)
-    ):
-        raise _UndecodableColumn("allowed_principals")
-    return tuple(principals)
-
-
-def _status(value: object) -> Status:
-    try:
-        return Status(_text(value, "status"))
-    except ValueError:
-        raise _UndecodableColumn("status") from None
-
-
-def _timestamp(value: object, column: str) -> datetime:
-    try:
-        moment = datetime.fromisoformat(_text(value, column))
-    except ValueError:
-        raise _UndecodableColumn(column) from None
-    if moment.utcoffset() is None:
-        raise _UndecodableColumn(column)
-    return moment
-
-
-def _flag(value: object) -> bool:
-    if not isinstance(value, int) or value not in (0, 1):
-        raise _UndecodableColumn("requires_signature")
-    return value == 1
+_ROWS = _SqliteRows()
