@@ -8,14 +8,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from sidecar.audit.jsonl import (
-    GENESIS,
-    AuditError,
-    JsonlAuditSink,
-    offset_after,
-    record_digest,
-    verify_chain,
-)
+from sidecar.audit.chain import GENESIS, BrokenChain, ChainWalk, link, record_digest
+from sidecar.audit.jsonl import JsonlAuditSink, offset_after
+from sidecar.audit.sink import AuditError
+from sidecar.audit.verify import verify_chain
 from sidecar.cli import main
 from sidecar.cli.audit import add_verify_arguments, verify
 
@@ -220,3 +216,41 @@ def test_a_sha256_field_in_the_record_does_not_forge_the_digest(tmp_path: Path) 
     first = orjson.loads(lines(log)[0])
     assert first["sha256"] == record_digest(first) != "f" * 64
     assert verify_chain(log).ok
+
+
+# The chain itself (sidecar.audit.chain), which every sink and verifier shares
+
+
+def test_link_sets_the_chain_fields_and_ignores_forged_ones() -> None:
+    record = {"decision_id": "d1", "seq": 99, "prev_sha256": "f" * 64, "sha256": "e" * 64}
+    digest, line = link(record, 1, GENESIS)
+    linked = orjson.loads(line)
+    assert linked == {"decision_id": "d1", "seq": 1, "prev_sha256": GENESIS, "sha256": digest}
+    assert digest == record_digest(linked)
+    assert record["seq"] == 99  # the caller's record is not changed
+
+
+def test_a_walk_accepts_only_a_checked_record_and_stays_put_on_a_broken_link() -> None:
+    first_digest, first = link({"decision_id": "d1"}, 1, GENESIS)
+    _, second = link({"decision_id": "d2"}, 2, first_digest)
+    walk = ChainWalk()
+    assert walk.check(first)["decision_id"] == "d1"
+    assert (walk.seq, walk.head) == (0, GENESIS)  # checked, not yet accepted
+    with pytest.raises(BrokenChain, match=r"^seq 1: seq is 2, expected 1"):
+        walk.follow(second)
+    assert (walk.seq, walk.head) == (0, GENESIS)
+    walk.follow(first)
+    assert walk.follow(second)["decision_id"] == "d2"
+    assert walk.seq == 2
+
+
+def test_a_walk_can_start_after_a_known_record_and_names_records_its_own_way() -> None:
+    first_digest, _ = link({"decision_id": "d1"}, 1, GENESIS)
+    _, second = link({"decision_id": "d2"}, 2, first_digest)
+    assert ChainWalk(seq=1, head=first_digest).follow(second)["seq"] == 2
+    with pytest.raises(BrokenChain, match=r"^line 2: prev_sha256 does not match line 1's"):
+        ChainWalk("line {}".format, seq=1, head="0" * 63 + "1").follow(second)
+    with pytest.raises(BrokenChain, match=r"^line 1: not valid JSON$"):
+        ChainWalk("line {}".format).follow(b"{")
+    with pytest.raises(BrokenChain, match=r"^seq 1: not a JSON object$"):
+        ChainWalk().follow(b"[]")

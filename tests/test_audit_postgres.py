@@ -15,19 +15,14 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from sidecar.audit.jsonl import JsonlAuditSink, verify_chain
-from sidecar.audit.postgres import (
-    AuditChainConflict,
-    AuditRow,
-    PostgresAuditSink,
-    ensure_schema,
-    ship_batch,
-    verify_postgres_chain,
-)
+from sidecar.audit.jsonl import JsonlAuditSink
+from sidecar.audit.postgres import AuditChainConflict, PostgresAuditSink, ship_batch
+from sidecar.audit.postgres_schema import AuditRow, ensure_schema
+from sidecar.audit.verify import verify_chain, verify_postgres_chain
 from sidecar.cli.audit import add_verify_arguments, verify
 from tests.fixtures.postgres import fresh_database
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.postgres]
 
 TIME = "2024-05-01T12:00:00.123456+00:00"
 

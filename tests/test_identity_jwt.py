@@ -19,12 +19,11 @@ from sidecar.core.caller import Caller, IdentityError
 from sidecar.identity import AuthRequest
 from sidecar.identity.claims import ClaimMapping
 from sidecar.identity.envoy_jwt import EnvoyJwtPayload
-from sidecar.identity.jwt import (
+from sidecar.identity.jwt import JwtBearer, JwtVerifier
+from sidecar.identity.keys import (
     HmacSecret,
     JwksFile,
     JwksUrl,
-    JwtBearer,
-    JwtVerifier,
     KeySource,
     PemPublicKey,
     key_source,

@@ -8,7 +8,7 @@ import shutil
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,7 +19,8 @@ import regorus
 from sidecar.config import default_policy_dir
 from sidecar.core.policy import PolicyEngine, PolicyError
 from sidecar.core.reasons import Reason
-from sidecar.policy.regorus_engine import RegorusEngine
+from sidecar.policy.purity import called_functions, is_time_pure
+from sidecar.policy.regorus_engine import CompiledPolicy, RegorusEngine
 
 NOW = 1_767_225_600_000_000_000
 HOUR = 3_600_000_000_000
@@ -574,3 +575,63 @@ def test_dropping_an_engine_while_its_threads_live_is_clean(
     thread.join(timeout=10)
 
     assert unraisable == []
+
+
+# Time purity (sidecar.policy.purity); its effect on the cache: test_verdict_cache
+
+
+def test_called_functions_names_builtins_and_policy_functions() -> None:
+    sources = {
+        "p.rego": "package p\nimport rego.v1\n"
+        "double(x) := 2 * x\n"
+        "now_ok if time.now_ns() > 0\n"
+        "four := double(2)\n"
+        "upper := upper(input.name)\n"
+        "qualified := data.p.double(3)\n"
+    }
+    called = called_functions(CompiledPolicy(sources).ast())
+    assert {"time.now_ns", "double", "upper", "data.p.double"} <= called
+    assert not any(name.startswith(("rand.", "http.")) for name in called)
+
+
+class Declaring:
+    """A policy as the purity analysis sees it: a declaration and a syntax tree."""
+
+    def __init__(self, declared: Any, ast: Any) -> None:
+        self._declared = declared
+        self._ast = ast
+        self.asked: list[str] = []
+
+    def declared(self, path: str, sample_input: Mapping[str, Any]) -> Any:
+        self.asked.append(path)
+        return self._declared
+
+    def ast(self) -> Any:
+        return self._ast
+
+
+def call(*names: str) -> dict[str, Any]:
+    """An AST node calling ``a.b.c`` as regorus renders it (a chain of RefDot under a Var)."""
+    head, *fields = names
+    node: dict[str, Any] = {"Var": {"value": head}}
+    for field in fields:
+        node = {"RefDot": {"refr": node, "field": [{"line": 1}, field]}}
+    return {"Call": {"fcn": node, "params": []}}
+
+
+def test_a_declared_policy_is_time_pure_unless_its_calls_contradict_it() -> None:
+    pure = Declaring(True, [{"rules": [call("count"), call("data", "p", "f")]}])
+    assert is_time_pure(pure, "data.p.reasons", {}) is True
+    assert pure.asked == ["data.p.time_pure"]
+    clock = Declaring(True, [{"rules": [call("count"), call("time", "now_ns")]}])
+    with pytest.raises(PolicyError, match=r"data\.p\.time_pure is true, but .* calls time\.now_ns"):
+        is_time_pure(clock, "data.p.reasons", {})
+
+
+def test_no_or_a_false_declaration_is_not_time_pure_whatever_the_calls() -> None:
+    for declared in (None, False):
+        assert is_time_pure(Declaring(declared, [call("time", "now_ns")]), "data.p.r", {}) is False
+    # A query without a package has no sibling to declare with; nothing is asked.
+    nowhere = Declaring(True, [])
+    assert is_time_pure(nowhere, 'data["reasons"]', {}) is False
+    assert nowhere.asked == []

@@ -26,7 +26,8 @@ from sidecar.core.policy import PolicyError, to_epoch_ns
 from sidecar.core.reasons import Reason
 from sidecar.core.record import ChunkRecord, Status
 from sidecar.core.verdict_cache import VerdictCache
-from sidecar.policy.regorus_engine import RegorusEngine, read_rego_sources, time_pure_rule
+from sidecar.policy.purity import time_pure_rule
+from sidecar.policy.regorus_engine import RegorusEngine, read_rego_sources
 from sidecar.store.loader import parse_record
 from tests.fixtures.records import EFFECTIVE, record_dict, text_for
 

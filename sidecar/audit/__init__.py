@@ -1,1 +1,1 @@
-"""The audit trail: typed decision records, the hash chain, JSON Lines and PostgreSQL sinks."""
+"""The audit trail: typed decision records, the hash chain, its sinks and verifiers."""

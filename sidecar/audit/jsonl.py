@@ -1,64 +1,26 @@
-"""Decision records and their hash-chained JSON Lines sink.
+"""The JSON Lines audit sink: one hash-chained record per line, appended durably.
 
-Each line is one JSON object written with sorted keys. Besides the decision it
-carries ``seq`` (1, 2, 3, ... with no gaps), ``sha256`` (the SHA-256 of the
-line's own canonical JSON without the ``sha256`` key) and ``prev_sha256`` (the
-previous line's ``sha256``, or 64 zeros for the first line). Editing a line
-breaks its own digest; deleting or reordering lines breaks ``seq`` and the
-chain; ``verify_chain`` names the first broken link. Truncating the newest lines
-is only detectable against an external copy of the last ``seq``/digest, which is
-why the sink logs them when it closes.
+Each line is a record's canonical JSON (``sidecar.audit.chain``), so the file
+is the chain: ``retrieval-gate audit verify FILE`` checks it line by line. The
+same file is the PostgreSQL sink's local spool.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO
 
 import orjson
 
-GENESIS = "0" * 64
+from sidecar.audit.chain import GENESIS, link, record_digest
+from sidecar.audit.sink import AuditError
 
 log = logging.getLogger(__name__)
-
-
-class AuditError(Exception):
-    """A record could not be written, or the existing chain cannot be continued."""
-
-
-class AuditSink(Protocol):
-    def write(self, record: Mapping[str, Any]) -> None:
-        """Append one decision record durably enough to survive a process crash."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class NullAuditSink:
-    """Used when no audit log is configured (the server warns at start)."""
-
-    def write(self, record: Mapping[str, Any]) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-
-def _canonical(record: Mapping[str, Any]) -> bytes:
-    return orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
-
-
-def record_digest(record: Mapping[str, Any]) -> str:
-    """SHA-256 of a record's canonical JSON, excluding its own ``sha256`` field."""
-    body = {k: v for k, v in record.items() if k != "sha256"}
-    return hashlib.sha256(_canonical(body)).hexdigest()
 
 
 def _lines_from_end(
@@ -192,14 +154,15 @@ class JsonlAuditSink:
         self._file = path.open("ab", buffering=0)
 
     def write(self, record: Mapping[str, Any]) -> None:
+        """Chain ``record`` after the last line and append it.
+
+        Raises AuditError when the line cannot be written in full; nothing of
+        it is then left in the file.
+        """
         with self._lock:
             seq = self._seq + 1
-            chained = {**record, "seq": seq, "prev_sha256": self._prev}
-            chained.pop("sha256", None)
-            # record_digest(chained), without copying the record once more.
-            digest = hashlib.sha256(_canonical(chained)).hexdigest()
-            chained["sha256"] = digest
-            data = _canonical(chained) + b"\n"
+            digest, line = link(record, seq, self._prev)
+            data = line + b"\n"
             start = self._file.tell()
             try:
                 # Unbuffered writes: a crash loses at most the record being
@@ -225,68 +188,8 @@ class JsonlAuditSink:
         return self._seq, self._prev
 
     def close(self) -> None:
+        """Close the file and log its head, the anchor that reveals a truncated log."""
         with self._lock:
             if not self._file.closed:
                 self._file.close()
                 log.info("audit log closed at seq=%d head_sha256=%s", self._seq, self._prev)
-
-
-@dataclass(frozen=True, slots=True)
-class ChainReport:
-    ok: bool
-    records: int
-    head_sha256: str
-    problem: str | None = None  # names the first broken or missing link
-    chain_id: str | None = None  # set for chains read from a shared store
-
-
-def chain_link_problem(
-    where: str, record: object, expected_seq: int, prev_sha256: str, before: str
-) -> str | None:
-    """Why ``record`` cannot follow a record whose digest is ``prev_sha256``, or None.
-
-    ``where`` names the record and ``before`` its predecessor in the message
-    (``line 3``/``line 2`` for a file, ``seq 3``/``seq 2`` for a table), so
-    every verifier reports a broken link in the same words.
-    """
-    if not isinstance(record, dict):
-        return f"{where}: not a JSON object"
-    if record.get("sha256") != record_digest(record):
-        return f"{where}: content does not match its sha256 (edited)"
-    if record.get("seq") != expected_seq:
-        return (
-            f"{where}: seq is {record.get('seq')}, expected {expected_seq} "
-            "(records removed or reordered)"
-        )
-    if record.get("prev_sha256") != prev_sha256:
-        return (
-            f"{where}: prev_sha256 does not match {before}'s sha256 "
-            "(records removed, reordered or rewritten)"
-        )
-    return None
-
-
-def _numbered_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            yield number, raw.rstrip(b"\n")
-
-
-def verify_chain(path: Path) -> ChainReport:
-    """Check every link of a JSON Lines audit log."""
-    prev = GENESIS
-    count = 0
-    for number, line in _numbered_lines(path):
-        where = f"line {number}"
-        if not line:
-            return ChainReport(False, count, prev, f"{where}: empty line inside the chain")
-        try:
-            record = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            return ChainReport(False, count, prev, f"{where}: not valid JSON")
-        problem = chain_link_problem(where, record, count + 1, prev, f"line {number - 1}")
-        if problem is not None:
-            return ChainReport(False, count, prev, problem)
-        prev = str(record["sha256"])
-        count += 1
-    return ChainReport(True, count, prev)

@@ -4,28 +4,17 @@ A decision must be on record before its answer leaves, but a database round
 trip per response is too slow and PostgreSQL may be down. So ``write`` only
 appends to a local hash-chained JSON Lines spool (``JsonlAuditSink``: one
 unbuffered write, which survives SIGKILL of the sidecar) and returns; a shipper
-thread copies the spool's new lines to the ``audit_records`` table with one
-multi-row INSERT per batch. A thread rather than an asyncio task, so that
-reading the spool and waiting on PostgreSQL never stall the event loop that
-answers Envoy.
+thread copies the spool's new lines to the ``audit_records`` table
+(``sidecar.audit.postgres_schema``) with one multi-row INSERT per batch. A
+thread rather than an asyncio task, so that reading the spool and waiting on
+PostgreSQL never stall the event loop that answers Envoy.
 
 Resume needs no local bookkeeping: after every (re)connect the shipper reads
 the chain's highest ``seq`` from PostgreSQL and continues from the spool line
 after it, so records written before a crash, or while PostgreSQL was down, are
 shipped, and none twice. The spool stays the first copy; it is never truncated
-by the sink.
-
-Each row keeps the spool line byte for byte (``record`` is TEXT, not JSONB,
-which would reorder keys and re-render numbers), so ``verify_postgres_chain``
-recomputes the same digests as ``verify_chain``. ``chain_id`` separates the
-chains of many sidecars sharing one table.
-
-Schema: on first connect the sink creates the table and its triggers when the
-table is missing (``AUDIT_SCHEMA_SQL``; needs PostgreSQL 14+ and CREATE on the
-schema). The triggers refuse UPDATE, DELETE and TRUNCATE, even by the table's
-owner. An owner can still drop a trigger, so in production the sidecar should
-connect as a role granted only INSERT and SELECT on a table created by another
-role; the hash chain makes any rewrite that gets past this detectable.
+by the sink. Lines are checked as a chain before they are shipped, so a
+damaged spool is reported, not copied.
 """
 
 from __future__ import annotations
@@ -35,55 +24,19 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import orjson
 import psycopg
 
-from sidecar.audit.jsonl import (
-    GENESIS,
-    AuditError,
-    ChainReport,
-    JsonlAuditSink,
-    chain_link_problem,
-    offset_after,
-)
+from sidecar.audit.chain import GENESIS, BrokenChain, ChainWalk
+from sidecar.audit.jsonl import JsonlAuditSink, offset_after
+from sidecar.audit.postgres_schema import CONNECT_TIMEOUT_SECONDS, AuditRow, ensure_schema
+from sidecar.audit.sink import AuditError
 from sidecar.postgres.dsn import parse_postgres_url
 
 log = logging.getLogger(__name__)
-
-AUDIT_SCHEMA_SQL = """
-CREATE TABLE IF NOT EXISTS audit_records (
-    chain_id    text        NOT NULL,
-    seq         bigint      NOT NULL CHECK (seq > 0),
-    decision_id text,
-    time        timestamptz,
-    sha256      text        NOT NULL,
-    prev_sha256 text        NOT NULL,
-    record      text        NOT NULL,
-    PRIMARY KEY (chain_id, seq)
-);
-CREATE INDEX IF NOT EXISTS audit_records_decision_id ON audit_records (decision_id);
-CREATE OR REPLACE FUNCTION audit_records_refuse_change() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    RAISE EXCEPTION 'audit_records is append-only: % refused', TG_OP;
-END
-$$;
-CREATE OR REPLACE TRIGGER audit_records_append_only
-    BEFORE UPDATE OR DELETE ON audit_records
-    FOR EACH ROW EXECUTE FUNCTION audit_records_refuse_change();
-CREATE OR REPLACE TRIGGER audit_records_no_truncate
-    BEFORE TRUNCATE ON audit_records
-    FOR EACH STATEMENT EXECUTE FUNCTION audit_records_refuse_change();
-"""
-
-# Serialises schema creation between sidecars starting at the same moment.
-_SCHEMA_LOCK = 0x7267_6175_6469_74  # "rgaudit"
 
 _INSERT_SQL = """
 INSERT INTO audit_records (chain_id, seq, decision_id, time, sha256, prev_sha256, record)
@@ -94,7 +47,6 @@ ON CONFLICT (chain_id, seq) DO NOTHING
 RETURNING seq
 """
 
-_CONNECT_TIMEOUT_SECONDS = 5
 _FIRST_RETRY_SECONDS = 0.2
 _MAX_RETRY_SECONDS = 10.0
 
@@ -103,59 +55,10 @@ class AuditChainConflict(AuditError):
     """PostgreSQL holds a different record at a seq of this chain than the spool does."""
 
 
-@dataclass(frozen=True, slots=True)
-class AuditRow:
-    """One record as stored in ``audit_records`` (``line`` is the canonical JSON)."""
-
-    seq: int
-    decision_id: str | None
-    time: datetime | None
-    sha256: str
-    prev_sha256: str
-    line: str
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any], line: str) -> AuditRow:
-        """The row for a chained record and its canonical line; the columns are copies."""
-        decision_id = record.get("decision_id")
-        return cls(
-            seq=int(record["seq"]),
-            decision_id=decision_id if isinstance(decision_id, str) else None,
-            time=_parse_time(record.get("time")),
-            sha256=str(record["sha256"]),
-            prev_sha256=str(record["prev_sha256"]),
-            line=line,
-        )
-
-
-def _parse_time(value: object) -> datetime | None:
-    # The column is for queries; the line keeps the original, so an odd value is left out.
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
-
-
 def default_chain_id(spool: Path) -> str:
     """``hostname:digest-of-spool-path``: stable for one sidecar and its spool."""
     digest = hashlib.sha256(str(spool.resolve()).encode()).hexdigest()[:12]
     return f"{socket.gethostname()}:{digest}"
-
-
-def ensure_schema(connection: psycopg.Connection[Any]) -> None:
-    """Create ``audit_records`` and its triggers unless the table exists; commits.
-
-    An existing table is left alone, so a role without CREATE can use a table
-    made by migrations or an administrator.
-    """
-    exists = connection.execute("SELECT to_regclass('audit_records') IS NOT NULL").fetchone()
-    if not (exists and exists[0]):
-        connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-        connection.execute(AUDIT_SCHEMA_SQL)
-    connection.commit()
 
 
 def ship_batch(connection: psycopg.Connection[Any], chain_id: str, rows: list[AuditRow]) -> int:
@@ -354,7 +257,7 @@ class PostgresAuditSink:
         """Connect and find where to resume: after the chain's last row in PostgreSQL."""
         connection = psycopg.connect(
             self._url.url,
-            connect_timeout=_CONNECT_TIMEOUT_SECONDS,
+            connect_timeout=CONNECT_TIMEOUT_SECONDS,
             application_name="retrieval-gate-audit",
         )
         try:
@@ -396,23 +299,20 @@ class PostgresAuditSink:
             self._reader = self._spool.path.open("rb")
         self._reader.seek(self._offset)
         rows: list[AuditRow] = []
-        seq, prev, end = self._confirmed, self._confirmed_sha256, self._offset
+        walk = ChainWalk(seq=self._confirmed, head=self._confirmed_sha256)
+        end = self._offset
         for _ in range(count):
             raw = self._reader.readline()
             if not raw.endswith(b"\n"):
                 break  # still being written: the next pass takes it
             line = raw[:-1]
-            where = f"{self._spool.path}: seq {seq + 1}"
             try:
-                record = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                raise AuditError(f"{where}: not valid JSON") from None
-            # Checked here so that a damaged spool is reported, not copied.
-            problem = chain_link_problem(where, record, seq + 1, prev, f"seq {seq}")
-            if problem is not None:
-                raise AuditError(problem)
+                # Checked here so that a damaged spool is reported, not copied.
+                record = walk.follow(line)
+            except BrokenChain as exc:
+                raise AuditError(f"{self._spool.path}: {exc}") from None
             rows.append(AuditRow.from_record(record, line.decode()))
-            seq, prev, end = seq + 1, str(record["sha256"]), end + len(raw)
+            end += len(raw)
         return rows, end
 
     def _disconnect(self) -> None:
@@ -427,84 +327,3 @@ class PostgresAuditSink:
             self._on_backlog(self.backlog)
         except Exception:
             log.exception("audit backlog observer failed")
-
-
-_VERIFY_SQL = """
-SELECT chain_id, seq, decision_id, time, sha256, prev_sha256, record
-FROM audit_records {where}
-ORDER BY chain_id, seq
-"""
-
-
-class _ChainWalk:
-    """The state of verifying one chain, row by row."""
-
-    def __init__(self, chain_id: str) -> None:
-        self.chain_id = chain_id
-        self.count = 0
-        self.prev = GENESIS
-        self.problem: str | None = None
-
-    def add(self, stored: AuditRow) -> None:
-        if self.problem is not None:
-            return
-        seq = stored.seq
-        expected = self.count + 1
-        if seq != expected:
-            self.problem = f"seq {expected}: missing, the next row is seq {seq} (records removed)"
-            return
-        where = f"seq {seq}"
-        try:
-            record = orjson.loads(stored.line)
-        except orjson.JSONDecodeError:
-            self.problem = f"{where}: not valid JSON"
-            return
-        self.problem = chain_link_problem(where, record, seq, self.prev, f"seq {seq - 1}")
-        if self.problem is None and AuditRow.from_record(record, stored.line) != stored:
-            self.problem = f"{where}: columns do not match the record (edited)"
-        if self.problem is None:
-            self.count += 1
-            self.prev = stored.sha256
-
-    def report(self) -> ChainReport:
-        return ChainReport(
-            self.problem is None, self.count, self.prev, self.problem, chain_id=self.chain_id
-        )
-
-
-def _stored_rows(
-    connection: psycopg.Connection[Any], chain_id: str | None
-) -> Iterator[tuple[str, AuditRow]]:
-    # A server-side cursor: a chain can hold millions of rows.
-    with connection.cursor(name="audit_verify") as cursor:
-        cursor.itersize = 5000
-        if chain_id is None:
-            cursor.execute(_VERIFY_SQL.format(where=""))
-        else:
-            cursor.execute(_VERIFY_SQL.format(where="WHERE chain_id = %s"), (chain_id,))
-        for chain, seq, decision_id, at, sha256, prev_sha256, line in cursor:
-            yield chain, AuditRow(seq, decision_id, at, sha256, prev_sha256, line)
-
-
-def verify_postgres_chain(dsn: str, chain_id: str | None = None) -> list[ChainReport]:
-    """Check every chain in ``audit_records`` (or only ``chain_id``), one report each.
-
-    Like ``verify_chain``: seqs run from 1 without gaps, each row's digest
-    matches its stored line, each ``prev_sha256`` links to the previous row,
-    and the columns agree with the line. A requested chain with no rows is
-    reported as broken. Deleting a chain's newest rows is only detectable
-    against its spool or a logged head digest. Raises ValueError (password
-    redacted) for a malformed URL and psycopg.Error when the table cannot be
-    read; scrub the latter with ``parse_postgres_url(dsn).scrub`` before showing it.
-    """
-    url = parse_postgres_url(dsn)
-    walks: dict[str, _ChainWalk] = {}
-    with psycopg.connect(url.url, connect_timeout=_CONNECT_TIMEOUT_SECONDS) as connection:
-        for chain, row in _stored_rows(connection, chain_id):
-            walk = walks.get(chain)
-            if walk is None:
-                walk = walks[chain] = _ChainWalk(chain)
-            walk.add(row)
-    if chain_id is not None and chain_id not in walks:
-        return [ChainReport(False, 0, GENESIS, "no records for this chain", chain_id=chain_id)]
-    return [walk.report() for walk in walks.values()]

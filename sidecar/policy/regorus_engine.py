@@ -3,7 +3,8 @@
 CompiledPolicy holds Rego sources and optional policy data, compiled into one
 regorus engine per thread, and evaluates any rule path. The chunk policy
 (RegorusEngine, here) and the request policy (RequestPolicy, in
-sidecar/policy/request_policy.py) are thin layers over it.
+sidecar/policy/request_policy.py) are thin layers over it; whether the chunk
+policy's verdicts may be cached is decided in sidecar/policy/purity.py.
 """
 
 from __future__ import annotations
@@ -20,24 +21,10 @@ import orjson
 import regorus
 
 from sidecar.core.policy import PolicyError
+from sidecar.policy.purity import is_time_pure
 
 DEFAULT_QUERY = "data.retrieval_gate.chunks.reasons"
 _TEST_SUFFIX = "_test.rego"
-
-# The rule, next to the reasons rule in its package, by which a chunk policy
-# declares that its verdicts may be cached (policies/README.md, "Verdict cache").
-TIME_PURE_RULE = "time_pure"
-# Builtins whose result depends on more than their arguments (the clock, chance,
-# the network, the runtime), or that turn a time into calendar facts: a policy
-# calling any of them cannot be time-pure, whatever it declares.
-_IMPURE_BUILTIN_PREFIXES = (
-    "time.",
-    "rand.",
-    "uuid.rfc4122",
-    "http.send",
-    "net.lookup_ip_addr",
-    "opa.runtime",
-)
 
 # The input the chunk rule is validated with at load time: a well-formed empty batch.
 _EMPTY_BATCH = {
@@ -46,8 +33,6 @@ _EMPTY_BATCH = {
     "chunks": [],
 }
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# A rule path whose last segment is a plain name: its package is the part before it.
-_SIBLING = re.compile(r"(.+)\.[A-Za-z_][A-Za-z0-9_]*")
 
 # Regorus errors carry a Rust backtrace after the message; the location line
 # (`--> file:line:col`) names policy source only, never input values.
@@ -238,29 +223,15 @@ class CompiledPolicy:
         except (KeyError, IndexError, TypeError):
             raise PolicyError(f"{path}: unexpected answer from the engine") from None
 
-    def called_functions(self) -> set[str]:
-        """Names of every function the sources call (``time.now_ns``, ``data.p.f`` ...).
+    def ast(self) -> Any:
+        """The modules of the sources' syntax tree, as regorus renders them in JSON.
 
         Raises PolicyError when the engine's AST cannot be read.
         """
         try:
-            modules = orjson.loads(self._thread_engine().get_ast_as_json())
+            return orjson.loads(self._thread_engine().get_ast_as_json())
         except (orjson.JSONDecodeError, TypeError) as exc:
             raise PolicyError(f"cannot read the regorus AST: {exc!r}") from exc
-        names: set[str] = set()
-        stack: list[Any] = [modules]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, dict):
-                call = node.get("Call")
-                if isinstance(call, dict):
-                    name = _function_name(call.get("fcn"))
-                    if name is not None:
-                        names.add(name)
-                stack.extend(node.values())
-            elif isinstance(node, list):
-                stack.extend(node)
-        return names
 
     def _thread_engine(self) -> Any:
         engines = _thread_engines()
@@ -293,7 +264,7 @@ class RegorusEngine:
         self._policy = CompiledPolicy(sources, data=data)
         self._query = query
         _reasons(self._policy.probe(query, _EMPTY_BATCH), set(), query)
-        self._time_pure = _time_pure(self._policy, query)
+        self._time_pure = is_time_pure(self._policy, query, _EMPTY_BATCH)
 
     @classmethod
     def from_directory(
@@ -330,55 +301,6 @@ class RegorusEngine:
         expected_ids = _chunk_ids(policy_input)
         result = self._policy.evaluate(self._query, policy_input)
         return _reasons(result, expected_ids, self._query)
-
-
-def time_pure_rule(query: str) -> str | None:
-    """Where the policy whose reasons rule is ``query`` declares itself time-pure.
-
-    ``data.a.b.reasons`` -> ``data.a.b.time_pure``; None when ``query`` does not
-    end in a plain rule name.
-    """
-    match = _SIBLING.fullmatch(query)
-    return f"{match.group(1)}.{TIME_PURE_RULE}" if match else None
-
-
-def _time_pure(policy: CompiledPolicy, query: str) -> bool:
-    """Whether the policy declares itself time-pure; PolicyError for a declaration
-    that is not a boolean, or that its own sources contradict."""
-    rule = time_pure_rule(query)
-    if rule is None:
-        return False
-    declared = policy.declared(rule, _EMPTY_BATCH)
-    if declared is None or declared is False:
-        return False
-    if declared is not True:
-        raise PolicyError(f"{rule} must be true or false")
-    impure = sorted(
-        name for name in policy.called_functions() if name.startswith(_IMPURE_BUILTIN_PREFIXES)
-    )
-    if impure:
-        raise PolicyError(
-            f"{rule} is true, but the policy calls {', '.join(impure)}: its verdicts depend "
-            "on more than the chunk, the caller and the chunk's validity interval"
-        )
-    return True
-
-
-def _function_name(node: Any) -> str | None:
-    # A called function is a Var (`f`) or a chain of RefDot (`time.now_ns`,
-    # `data.p.f`); anything else (an index into a rule) has no static name.
-    if not isinstance(node, dict):
-        return None
-    if isinstance(var := node.get("Var"), dict):
-        value = var.get("value")
-        return value if isinstance(value, str) else None
-    if isinstance(ref := node.get("RefDot"), dict):
-        head = _function_name(ref.get("refr"))
-        field = ref.get("field")
-        if head is None or not isinstance(field, list) or len(field) != 2:
-            return None
-        return f"{head}.{field[1]}" if isinstance(field[1], str) else None
-    return None
 
 
 def _thread_engines() -> OrderedDict[str, Any]:
