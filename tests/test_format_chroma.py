@@ -27,14 +27,14 @@ from chromadb.api.models.Collection import Collection as ChromaCollection
 from chromadb.config import Settings, System
 from chromadb.execution.expression.plan import Search
 from chromadb.types import Collection as CollectionModel
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody, ResponseFormat
 from sidecar.formats.chroma import ChromaFormat
 from sidecar.formats.qdrant import QdrantFormat
-from sidecar.formats.registry import classify
+from sidecar.formats.registry import build_format_table, classify
 from tests.fixtures.chroma_bodies import (
     ALL_INCLUDE,
     ALL_SELECT,
@@ -49,6 +49,7 @@ from tests.fixtures.chroma_bodies import (
     row,
     search_body,
 )
+from tests.format_strategies import PROPERTIES
 
 ENDPOINTS = ("query", "get", "search")
 V2 = "/api/v2"
@@ -96,7 +97,8 @@ class _ClientReader:
         self._body = body
         include = orjson.loads(body).get("include") or []
         if endpoint == "query":
-            return dict(self._collection.query(query_embeddings=[[0.0, 0.0]], include=include))
+            embeddings: list[Sequence[float] | Sequence[int]] = [[0.0, 0.0]]
+            return dict(self._collection.query(query_embeddings=embeddings, include=include))
         if endpoint == "get":
             return dict(self._collection.get(include=include))
         result = self._collection.search(Search())
@@ -358,7 +360,7 @@ def test_does_not_claim_qdrant_routes_and_qdrant_does_not_claim_chroma_routes() 
 
 @pytest.mark.parametrize(("method", "path"), [*READ[:3], *WRITE[:3], *CONTENT[:3], *OTHERS[:3]])
 def test_parse_refuses_routes_it_does_not_filter(method: str, path: str) -> None:
-    with pytest.raises(ValueError, match="not filtered"):
+    with pytest.raises(ValueError, match="not handled by the chroma format"):
         ChromaFormat().parse(encode(get_body(ROWS)), Route(method, path))
 
 
@@ -368,8 +370,6 @@ def test_parse_refuses_routes_it_does_not_filter(method: str, path: str) -> None
 @pytest.mark.parametrize(
     ("options", "option"),
     [
-        ({"text_field": ""}, "text_field"),
-        ({"text_field": None}, "text_field"),
         ({"id_field": ""}, "id_field"),
         ({"id_field": 3}, "id_field"),
     ],
@@ -379,10 +379,19 @@ def test_invalid_options_name_the_option(options: dict[str, Any], option: str) -
         ChromaFormat(**options)
 
 
-def test_text_is_the_document_whatever_text_field_says() -> None:
+def test_text_is_the_document_not_a_metadata_field() -> None:
     body = get_body([row("c-1", "the document", text="a metadata field")])
-    (candidate,) = parse("get", body, ChromaFormat(text_field="text")).candidates
+    (candidate,) = parse("get", body).candidates
     assert candidate.text == "the document"
+
+
+def test_there_is_no_text_field_option() -> None:
+    # Chroma keeps text in its own column: an option that would not be used is refused.
+    with pytest.raises(ValueError, match=r"formats\.chroma: unknown option 'text_field'"):
+        build_format_table({"chroma": {"text_field": "body"}}, {}, text_field="t", id_field=None)
+    built = build_format_table({}, {}, text_field="body", id_field="chunk")
+    chroma = next(f for f in built.formats if f.name == "chroma")
+    assert isinstance(chroma, ChromaFormat) and chroma.id_field == "chunk"
 
 
 # -- candidates ----------------------------------------------------------------
@@ -682,17 +691,6 @@ def test_malformed_bodies(endpoint: str, body: bytes) -> None:
     assert raised.value.__context__ is None
 
 
-def test_unexpected_errors_become_malformed_body(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(*args: object) -> object:
-        raise KeyError("SECRET")
-
-    monkeypatch.setattr("sidecar.formats.chroma._columns", broken)
-    with pytest.raises(MalformedBody) as raised:
-        parse("get", build("get", batches_for("get")))
-    assert raised.value.__context__ is None
-    assert "SECRET" not in str(raised.value)
-
-
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
 def test_empty_results_are_valid(endpoint: str) -> None:
     batches: list[list[Row]] = [[]] if endpoint == "get" else [[], []]
@@ -704,9 +702,7 @@ def test_empty_results_are_valid(endpoint: str) -> None:
     assert no_queries.candidates == ()
 
 
-# -- properties ---------------------------------------------------------------
-
-_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# -- properties (the shared ones are in tests/test_format_contract.py) ----------
 
 _scalar = (
     st.booleans()
@@ -714,14 +710,11 @@ _scalar = (
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=6)
 )
-_json = st.recursive(
-    st.none() | _scalar,
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
-    ),
-    max_leaves=10,
-)
 _finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
+# Any key but row()'s own keywords.
+_metadata_keys = st.text(min_size=1, max_size=5).filter(
+    lambda key: key not in ("distance", "embedding", "uri")
+)
 
 
 @st.composite
@@ -732,7 +725,7 @@ def _row(draw: st.DrawFn, chunk_id: str) -> Row:
         distance=draw(st.none() | _finite),
         embedding=draw(st.lists(_finite, min_size=2, max_size=2)),
         uri=draw(st.none() | st.text(max_size=6)),
-        **draw(st.dictionaries(st.text(min_size=1, max_size=5), _scalar, max_size=3)),
+        **draw(st.dictionaries(_metadata_keys, _scalar, max_size=3)),
     )
     if draw(st.booleans()):
         # Null metadata for some records (Chroma stores records without any).
@@ -750,19 +743,23 @@ def _batches(draw: st.DrawFn, endpoint: str) -> list[list[Row]]:
     return batches
 
 
-def _layout(draw: st.DrawFn, batches: list[list[Row]]) -> tuple[list[str], list[list[str]]]:
-    include = draw(st.lists(st.sampled_from(ALL_INCLUDE), unique=True))
+def _layout(data: st.DataObject, batches: list[list[Row]]) -> tuple[list[str], list[list[str]]]:
+    include = data.draw(st.lists(st.sampled_from(ALL_INCLUDE), unique=True))
     selects = [
-        draw(st.lists(st.sampled_from([*ALL_SELECT, "chunk"]), unique=True)) for _ in batches
+        data.draw(st.lists(st.sampled_from([*ALL_SELECT, "chunk"]), unique=True)) for _ in batches
     ]
     return include, selects
 
 
-@_SETTINGS
+@PROPERTIES
 @given(endpoint=st.sampled_from(ENDPOINTS), data=st.data())
-def test_property_render_keeps_exactly_the_kept_hits(endpoint: str, data: st.DataObject) -> None:
+def test_property_every_include_and_select_stays_aligned(
+    endpoint: str, data: st.DataObject
+) -> None:
+    """The contract's property (tests/test_format_contract.py) over every column
+    layout a request can select, null metadata and documents, checked by the client."""
     batches = data.draw(_batches(endpoint))
-    include, selects = _layout(data.draw, batches)
+    include, selects = _layout(data, batches)
     body = build(endpoint, batches, include=include, selects=selects)
     parsed = parse(endpoint, body)
     hits = [r for batch in batches for r in batch]
@@ -773,11 +770,12 @@ def test_property_render_keeps_exactly_the_kept_hits(endpoint: str, data: st.Dat
     assert parsed.released_positions(keep) == sorted(k for k in keep if 0 <= k < len(hits))
 
 
-@_SETTINGS
+@PROPERTIES
 @given(endpoint=st.sampled_from(ENDPOINTS), data=st.data())
 def test_property_replacements_change_only_id_document_and_metadata_marker(
     endpoint: str, data: st.DataObject
 ) -> None:
+    """Substitutes in records with null metadata or documents, checked by the client."""
     batches = data.draw(_batches(endpoint))
     body = build(endpoint, batches)
     parsed = parse(endpoint, body)
@@ -803,74 +801,3 @@ def test_property_replacements_change_only_id_document_and_metadata_marker(
             expected[-1].append(record)
             position += 1
     assert out == build(endpoint, expected, keep)
-
-
-def _mutations(endpoint: str) -> st.SearchStrategy[bytes]:
-    keys = ["ids", "documents", "metadatas", "embeddings", "distances", "uris", "scores", "x"]
-
-    @st.composite
-    def mutate(draw: st.DrawFn) -> bytes:
-        body = build(endpoint, draw(_batches(endpoint)))
-        key = draw(st.sampled_from(keys))
-        how = draw(st.sampled_from(["replace", "drop", "append", "cell", "delete"]))
-        value = body.get(key)
-        if how == "replace" or not isinstance(value, list):
-            body[key] = draw(_json)
-        elif how == "delete":
-            del body[key]
-        elif value and how in ("drop", "append", "cell"):
-            index = draw(st.integers(min_value=0, max_value=len(value) - 1))
-            inner = value[index]
-            target = inner if isinstance(inner, list) and inner and endpoint != "get" else value
-            at = draw(st.integers(min_value=0, max_value=len(target) - 1))
-            if how == "drop":
-                del target[at]
-            elif how == "append":
-                target.append(draw(_json))
-            else:
-                target[at] = draw(_json)
-        return encode(body)
-
-    return mutate()
-
-
-def _parses_or_is_malformed(endpoint: str, body: bytes, data: st.DataObject) -> None:
-    fmt = ChromaFormat(id_field="chunk") if data.draw(st.booleans()) else ChromaFormat()
-    try:
-        parsed = fmt.parse(body, route(endpoint))
-    except MalformedBody:
-        return
-    count = len(parsed.candidates)
-    keep = data.draw(st.sets(st.integers(min_value=0, max_value=max(count - 1, 0))))
-    kept = [c for c in parsed.candidates if c.position in keep]
-    replacements = {c.position: Replacement("r", "t") for c in kept if data.draw(st.booleans())}
-    out = parsed.render(keep, replacements=replacements)
-    # What is released parses again, with exactly the kept hits, columns aligned.
-    again = fmt.parse(out, route(endpoint))
-    assert len(again.candidates) == len(kept)
-    for before, after in zip(kept, again.candidates, strict=True):
-        if before.position not in replacements:
-            assert (after.chunk_id, after.text) == (before.chunk_id, before.text)
-
-
-@_SETTINGS
-@given(endpoint=st.sampled_from(ENDPOINTS), body=st.binary(max_size=64), data=st.data())
-def test_property_any_bytes_parse_or_are_malformed(
-    endpoint: str, body: bytes, data: st.DataObject
-) -> None:
-    _parses_or_is_malformed(endpoint, body, data)
-
-
-@_SETTINGS
-@given(endpoint=st.sampled_from(ENDPOINTS), value=_json, data=st.data())
-def test_property_any_json_parses_or_is_malformed(
-    endpoint: str, value: Any, data: st.DataObject
-) -> None:
-    wrapped = data.draw(st.sampled_from([value, {"ids": value}, {"ids": [[]], "documents": value}]))
-    _parses_or_is_malformed(endpoint, orjson.dumps(wrapped), data)
-
-
-@_SETTINGS
-@given(endpoint=st.sampled_from(ENDPOINTS), data=st.data())
-def test_property_mutated_bodies_parse_or_are_malformed(endpoint: str, data: st.DataObject) -> None:
-    _parses_or_is_malformed(endpoint, data.draw(_mutations(endpoint)), data)

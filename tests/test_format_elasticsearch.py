@@ -37,7 +37,7 @@ from elasticsearch import Elasticsearch
 from elasticsearch.dsl import Document, MultiSearch, Search, Text
 from elasticsearch.dsl.response import Response
 from elasticsearch.exceptions import GeneralAvailabilityWarning
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from opensearchpy import OpenSearch
 from opensearchpy.connection import Connection
@@ -47,7 +47,8 @@ from opensearchpy.helpers.search import Search as OpenSearchSearch
 
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
-from sidecar.formats.elasticsearch import _RULES, ElasticsearchFormat, _endpoint
+from sidecar.formats.elasticsearch import ElasticsearchFormat
+from sidecar.formats.elasticsearch_routes import RULES, endpoint
 from tests.fixtures.elasticsearch_bodies import (
     AGGREGATIONS,
     INDEX,
@@ -66,6 +67,7 @@ from tests.fixtures.elasticsearch_bodies import (
     msearch_item,
     search_body,
 )
+from tests.format_strategies import PROPERTIES, SLOW_PROPERTIES, json_scalars, json_values
 
 FILTERED, READ, CONTENT, WRITE = (
     RouteKind.FILTERED,
@@ -228,7 +230,7 @@ class _ElasticsearchNode(BaseNode):
 
 
 class _OpenSearchConnection(Connection):
-    def perform_request(  # type: ignore[override]
+    def perform_request(
         self,
         method: str,
         url: str,
@@ -261,7 +263,8 @@ def _ids(
     assert response.success()
     read = [(item.meta.id, item.to_dict().get("text")) for item in response]
     if "total" in response.to_dict()["hits"]:
-        total = response.hits.total
+        hits: Any = response.hits
+        total = hits.total
         assert (total if isinstance(total, int) else total.value) == len(read)
     return read
 
@@ -303,7 +306,7 @@ def _read_elasticsearch(family: str, searches: int) -> list[Any]:
                 templates = [{}, {"id": "tpl"}] * searches  # header and body lines
                 return _wrap(_ES.msearch_template(search_templates=templates).body, "multi")
             case "fleet-msearch":
-                lines = [{}, {}] * searches
+                lines: list[dict[str, Any]] = [{}, {}] * searches
                 return _wrap(_ES.fleet.msearch(index=INDEX, searches=lines).body, "multi")
     raise AssertionError(family)
 
@@ -692,11 +695,11 @@ def test_every_client_endpoint_is_known() -> None:
     unclaimed ones are index-level paths, which the request policy's defaults fit."""
     unclaimed = set()
     for method, path in CLIENT_ENDPOINTS:
-        endpoint = _endpoint(path)
-        if endpoint is None:
+        found = endpoint(path)
+        if found is None:
             unclaimed.add(path)
         else:
-            assert endpoint[0] in _RULES, (method, path)
+            assert found[0] in RULES, (method, path)
             assert ElasticsearchFormat().route_kind(Route(method, path)) is not None
     assert unclaimed == {
         "/",
@@ -1190,8 +1193,9 @@ def test_invalid_options_name_the_option(options: dict[str, Any], name: str) -> 
 @pytest.mark.parametrize("shape", ["single", "multi"])
 @pytest.mark.parametrize("keep", [set(), {0}, {1, 2}, set(range(4))])
 def test_clients_read_the_filtered_bodies(shape: str, keep: set[int]) -> None:
-    batches: list[list[Hit] | None] = [HITS] if shape == "single" else [HITS[:1], HITS[1:]]
-    upstream = _with_side_structures() if shape == "single" else body_for(shape, batches)
+    hit_batches = [HITS] if shape == "single" else [HITS[:1], HITS[1:]]
+    batches: list[list[Hit] | None] = list(hit_batches)
+    upstream = _with_side_structures() if shape == "single" else body_for(shape, hit_batches)
     if shape == "single":
         upstream["hits"]["hits"] = HITS
     expected = _expected_ids(batches, keep)
@@ -1211,7 +1215,7 @@ def test_clients_read_multi_search_error_items() -> None:
 def test_document_search_reads_the_substituted_text() -> None:
     replacements = {1: Replacement("b2", "beta v2")}
     _GATE.serve(search_body(HITS), {1, 2}, ElasticsearchFormat(), replacements)
-    docs = list(_Chunk.search(using=_ES).execute())
+    docs: list[Any] = list(_Chunk.search(using=_ES).execute())
     assert [(d.meta.id, d.text) for d in docs] == [("b2", "beta v2"), ("c", "gamma")]
     assert docs[0].meta.score == 2.0
 
@@ -1263,38 +1267,8 @@ def test_malformed_bodies(name: str, body: bytes) -> None:
     assert raised.value.__context__ is None
 
 
-def test_unexpected_errors_become_malformed_body(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(self: object, item: object) -> None:
-        raise KeyError("SECRET")
+# -- properties (the shared ones are in tests/test_format_contract.py) --------------
 
-    monkeypatch.setattr("sidecar.formats.elasticsearch._Reader._add", broken)
-    with pytest.raises(MalformedBody) as raised:
-        _parse(search_body(HITS))
-    assert raised.value.__context__ is None
-    assert "SECRET" not in str(raised.value)
-
-
-# -- properties -------------------------------------------------------------------
-
-_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-_CLIENT_SETTINGS = settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-
-_json_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8)
-)
-_json = st.recursive(
-    _json_scalars,
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
-    ),
-    max_leaves=10,
-)
 _scores = st.none() | st.floats(min_value=0, max_value=1e6, allow_nan=False)
 
 
@@ -1305,20 +1279,16 @@ def _hits(draw: st.DrawFn, min_size: int = 0, max_size: int = 6) -> list[Hit]:
     ids = draw(st.lists(st.text(min_size=1, max_size=8), min_size=min_size, max_size=max_size))
     out = []
     for doc_id in ids:
-        item = hit(
-            doc_id,
-            draw(st.none() | st.text(max_size=12)),
-            score=draw(_scores),
-            **draw(
-                st.dictionaries(
-                    st.text(max_size=6).filter(lambda k: k != "text"), _json, max_size=2
-                )
-            ),
+        source: dict[str, Any] = draw(
+            st.dictionaries(
+                st.text(max_size=6).filter(lambda k: k != "text"), json_values, max_size=2
+            )
         )
+        item = hit(doc_id, draw(st.none() | st.text(max_size=12)), score=draw(_scores), **source)
         if draw(st.booleans()):
             item["highlight"] = {"text": draw(st.lists(st.text(max_size=6), max_size=2))}
         if draw(st.booleans()):
-            item["sort"] = draw(st.lists(_json_scalars, max_size=2))
+            item["sort"] = draw(st.lists(json_scalars, max_size=2))
         out.append(item)
     return out
 
@@ -1385,7 +1355,7 @@ def _upstream_total(hits: Body) -> dict[str, Any]:
     return {"total": total["value"], "relation": total["relation"]}
 
 
-@_SETTINGS
+@PROPERTIES
 @given(case=_bodies(), data=st.data())
 def test_property_render_keeps_exactly_the_kept_hits(
     case: tuple[str, Body, Body | None, list[list[Hit] | None]], data: st.DataObject
@@ -1414,7 +1384,7 @@ def test_property_render_keeps_exactly_the_kept_hits(
     assert [(c.chunk_id, c.text) for c in again] == [(c.chunk_id, c.text) for c in kept]
 
 
-@_CLIENT_SETTINGS
+@SLOW_PROPERTIES
 @given(case=_bodies(), data=st.data())
 def test_property_clients_read_exactly_the_kept_hits(
     case: tuple[str, Body, Body | None, list[list[Hit] | None]], data: st.DataObject
@@ -1426,7 +1396,7 @@ def test_property_clients_read_exactly_the_kept_hits(
         assert read == _expected_ids(batches, keep)
 
 
-@_SETTINGS
+@PROPERTIES
 @given(
     hits=_hits(min_size=1),
     data=st.data(),
@@ -1452,80 +1422,3 @@ def test_property_side_structure_options(
         assert out["hits"]["hits"] == [
             {k: v for k, v in h.items() if k != "inner_hits"} for h in kept
         ]
-
-
-def _hit_lists(out: Any) -> list[Any]:
-    """Every ``hits.hits`` list of a rendered body."""
-    items = out.get("responses", []) if isinstance(out, dict) else []
-    return [r["hits"]["hits"] for r in [out, *items] if isinstance(r, dict) and "hits" in r]
-
-
-def _parse_or_malformed(body: bytes, name: str, keep_some: Collection[int] | None = None) -> None:
-    """Parsing raises MalformedBody or gives a body whose renderings hold only kept hits."""
-    fmt = ElasticsearchFormat(id_field="k")
-    try:
-        parsed = fmt.parse(body, _route(name))
-    except MalformedBody:
-        return
-    total = len(parsed.candidates)
-    for keep in (set(range(total)), set(), set(keep_some or ())):
-        out = orjson.loads(parsed.render(keep))
-        rendered = sum(len(hits) for hits in _hit_lists(out))
-        assert rendered == len(keep & set(range(total)))
-        again = fmt.parse(orjson.dumps(out), _route(name)).candidates
-        assert len(again) == rendered
-
-
-@_SETTINGS
-@given(body=st.binary(max_size=64), name=st.sampled_from(sorted(ROUTES)))
-def test_property_any_bytes_parse_or_are_malformed(body: bytes, name: str) -> None:
-    _parse_or_malformed(body, name)
-
-
-@_SETTINGS
-@given(
-    value=_json,
-    wrap=st.sampled_from(["none", "hits", "hits.hits", "responses"]),
-    name=st.sampled_from(sorted(ROUTES)),
-)
-def test_property_any_json_parses_or_is_malformed(value: Any, wrap: str, name: str) -> None:
-    wrapped = {
-        "none": value,
-        "hits": {"hits": value},
-        "hits.hits": {"hits": {"hits": value}},
-        "responses": {"responses": value},
-    }[wrap]
-    _parse_or_malformed(orjson.dumps(wrapped), name, {0})
-
-
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    yield prefix
-    if isinstance(value, dict):
-        for key, child in value.items():
-            yield from _paths(child, (*prefix, key))
-    elif isinstance(value, list):
-        for index, child in enumerate(value):
-            yield from _paths(child, (*prefix, index))
-
-
-@_SETTINGS
-@given(case=_bodies(), data=st.data())
-def test_property_mutated_bodies_parse_or_are_malformed(
-    case: tuple[str, Body, Body | None, list[list[Hit] | None]], data: st.DataObject
-) -> None:
-    name, body, _, _ = case
-    mutated = copy.deepcopy(body)
-    path = data.draw(st.sampled_from(list(_paths(mutated))))
-    replacement = data.draw(_json)
-    if not path:
-        mutated = replacement
-    else:
-        parent = mutated
-        for step in path[:-1]:
-            parent = parent[step]
-        if data.draw(st.booleans()) and isinstance(parent, dict):
-            del parent[path[-1]]
-        else:
-            parent[path[-1]] = replacement
-    keep = data.draw(st.sets(st.integers(min_value=0, max_value=8)))
-    _parse_or_malformed(orjson.dumps(mutated), name, keep)

@@ -8,7 +8,7 @@ response (``chromadb.api.types.QueryResult``, the ``POST .../query`` response
 of Chroma's OpenAPI spec: ``ids``, ``documents``, ``metadatas``,
 ``distances``, ``embeddings``, ``uris``, ``data``, one list per query, any of
 them but ``ids`` null) and the flat variant of the brief's example. The
-builders below are this module's fixtures.
+builders are in ``tests.fixtures.generic_bodies``.
 
 No client library exists for an in-house API and chromadb's ``QueryResult``
 is a TypedDict pydantic cannot build (numpy fields) nor chromadb's HTTP client
@@ -25,143 +25,37 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
 from sidecar.formats.generic import GenericFormat
-
-Body = Any  # a decoded JSON body
-Hit = dict[str, Any]
-Row = tuple[Any, Any, Any, Any]  # id, document, metadata, distance
-
-# -- fixtures: bodies -----------------------------------------------------------
-
-
-def hit(doc_id: Any, text: Any, *, score: float = 0.5, **content: Any) -> Hit:
-    """One result of the in-house API: id, score and a content object holding the text."""
-    return {"doc_id": doc_id, "score": score, "content": {"text": text, **content}}
-
-
-def inhouse_body(hits: Sequence[Hit], *, facets: bool = True) -> Body:
-    """``POST /api/retrieve``: the hits, their number and facets over the match set."""
-    body: Body = {"took_ms": 3, "results": list(hits), "total": len(hits)}
-    if facets:
-        body["facets"] = {"lang": {"en": 40, "de": 2}}
-    return body
-
-
-def batches_body(batches: Sequence[Sequence[Hit]], *, facets: bool = True) -> Body:
-    """``POST /api/retrieve/batch``: one result set per query, and the overall number."""
-    body: Body = {
-        "batches": [
-            {"query": f"q{i}", "total": len(hits), "results": list(hits)}
-            for i, hits in enumerate(batches)
-        ],
-        "total": sum(len(hits) for hits in batches),
-    }
-    if facets:
-        for batch in body["batches"]:
-            batch["facets"] = {"lang": {"en": 7}}
-        body["facets"] = {"lang": {"en": 9}}
-    return body
-
-
-CHROMA_ARRAYS = ("documents", "metadatas", "distances", "embeddings", "uris", "data")
-
-
-def chroma_body(
-    queries: Sequence[Sequence[Row]],
-    *,
-    nulls: Collection[str] = ("embeddings", "uris", "data"),
-    null_queries: Mapping[str, Collection[int]] | None = None,
-) -> Body:
-    """Chroma's query response: one list per query in each array.
-
-    ``nulls`` names the arrays left out (null) whole, ``null_queries`` the
-    per-query lists left out of an array.
-    """
-    columns = {"documents": 1, "metadatas": 2, "distances": 3}
-    body: Body = {"ids": [[row[0] for row in rows] for rows in queries]}
-    for name in CHROMA_ARRAYS:
-        column = columns.get(name, 3)
-        body[name] = None if name in nulls else [[row[column] for row in q] for q in queries]
-    for name, indexes in (null_queries or {}).items():
-        for index in indexes:
-            body[name][index] = None
-    body["include"] = [name for name in CHROMA_ARRAYS if name not in nulls]
-    return body
-
-
-def flat_body(rows: Sequence[Row], *, nulls: Collection[str] = ()) -> Body:
-    """The brief's flat parallel arrays: ``ids``, ``documents``, ``scores``, ``metadatas``."""
-    body: Body = {
-        "ids": [row[0] for row in rows],
-        "documents": [row[1] for row in rows],
-        "scores": [row[3] for row in rows],
-        "metadatas": [row[2] for row in rows],
-        "next": None,
-    }
-    for name in nulls:
-        body[name] = None
-    return body
-
-
-def encode(body: Body) -> bytes:
-    return orjson.dumps(body)
-
-
-# -- fixtures: formats ----------------------------------------------------------
-
-INHOUSE: dict[str, Any] = {
-    "name": "inhouse",
-    "routes": ["POST /api/retrieve", "POST /api/v1/collections/{name}/search"],
-    "hits": "$.results[*]",
-    "id": "doc_id",
-    "text": "content.text",
-    "count_fields": ["$.total"],
-    "remove_fields": ["$.facets"],
-}
-BATCHES: dict[str, Any] = {
-    "name": "batched",
-    "routes": ["POST /api/retrieve/batch"],
-    "hits": "$.batches[*].results[*]",
-    "id": "$.doc_id",
-    "text": "$.content.text",
-    "count_fields": ["$.total", "$.batches[*].total"],
-    "remove_fields": ["$.facets", "$.batches[*].facets"],
-}
-CHROMA: dict[str, Any] = {
-    "name": "chroma-like",
-    "routes": ["POST /api/v2/tenants/{t}/databases/{d}/collections/{c}/query"],
-    "ids": "$.ids[*][*]",
-    "texts": "$.documents[*][*]",
-    "parallel": [f"$.{name}[*][*]" for name in CHROMA_ARRAYS[1:]],
-}
-FLAT: dict[str, Any] = {
-    "name": "columns",
-    "routes": ["POST /columns/search"],
-    "ids": "$.ids[*]",
-    "texts": "$.documents[*]",
-    "parallel": ["$.scores[*]", "$.metadatas[*]"],
-}
-CONFIGS = {"inhouse": INHOUSE, "batched": BATCHES, "chroma-like": CHROMA, "columns": FLAT}
-
-
-def _fmt(config: Mapping[str, Any], **changes: Any) -> GenericFormat:
-    return GenericFormat(**{**config, **changes})
-
-
-def _route(config: Mapping[str, Any]) -> Route:
-    """A request on the first configured route (placeholders filled in)."""
-    method, path = config["routes"][0].split(" ")
-    return Route(method, path.replace("{", "x").replace("}", ""))
+from sidecar.formats.registry import build_format_table
+from tests.fixtures.generic_bodies import (
+    BATCHES,
+    CHROMA,
+    CHROMA_ARRAYS,
+    FLAT,
+    INHOUSE,
+    Body,
+    Hit,
+    Row,
+    batches_body,
+    chroma_body,
+    encode,
+    flat_body,
+    generic_format,
+    hit,
+    inhouse_body,
+    route_of,
+)
+from tests.format_strategies import PROPERTIES, json_scalars, json_values
 
 
 def _parse(config: Mapping[str, Any], body: Body) -> ParsedBody:
-    return _fmt(config).parse(encode(body), _route(config))
+    return generic_format(config).parse(encode(body), route_of(config))
 
 
 # -- fixtures: models that validate filtered bodies -----------------------------
@@ -296,15 +190,23 @@ def _halves(items: Sequence[Any], keep: Collection[int] | None = None) -> list[l
 
 
 def test_the_brief_examples_build() -> None:
-    assert _fmt(INHOUSE).name == "inhouse"
-    assert _fmt(FLAT).name == "columns"
-    assert _fmt(BATCHES).name == "batched"
-    assert _fmt(CHROMA).name == "chroma-like"
+    assert generic_format(INHOUSE).name == "inhouse"
+    assert generic_format(FLAT).name == "columns"
+    assert generic_format(BATCHES).name == "batched"
+    assert generic_format(CHROMA).name == "chroma-like"
 
 
-def test_text_field_and_id_field_are_accepted_and_not_used() -> None:
-    fmt = _fmt(INHOUSE, text_field="body", id_field="chunk")
-    parsed = fmt.parse(encode(inhouse_body(HITS)), _route(INHOUSE))
+@pytest.mark.parametrize("option", ["text_field", "id_field"])
+def test_text_field_and_id_field_are_not_options(option: str) -> None:
+    # The selectors say where the id and text are: an option it would not use is refused.
+    options = {"adapter": "generic", **{k: v for k, v in INHOUSE.items() if k != "name"}}
+    with pytest.raises(ValueError, match=rf"^formats\.inhouse: unknown option '{option}'$"):
+        build_format_table(
+            {"inhouse": {**options, option: "x"}}, {}, text_field="body", id_field="chunk"
+        )
+    # The global defaults are for the formats that take them.
+    built = build_format_table({"inhouse": options}, {}, text_field="body", id_field="chunk")
+    parsed = built.formats[0].parse(encode(inhouse_body(HITS)), route_of(INHOUSE))
     assert parsed.candidates[0] == Candidate(0, "1", "alpha")
 
 
@@ -334,13 +236,11 @@ HITS_OPTIONS = {k: v for k, v in INHOUSE.items() if k in ("name", "routes")}
         ({"routes": ["POST /a/../b"]}, r"^routes\[0\]: path segment '..'"),
         ({"routes": ["POST /a?b=1"]}, r"^routes\[0\]: path segment 'a\?b=1'"),
         ({"routes": ["POST /a b"]}, r"^routes\[0\]: path segment 'a b'"),
-        ({"text_field": None}, "^text_field, id_field: "),
-        ({"id_field": 3}, "^text_field, id_field: "),
     ],
 )
 def test_invalid_common_options(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        _fmt(INHOUSE, **changes)
+        generic_format(INHOUSE, **changes)
 
 
 @pytest.mark.parametrize(
@@ -418,13 +318,13 @@ def test_invalid_layouts(options: dict[str, Any], message: str) -> None:
 )
 def test_invalid_count_and_remove_fields(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        _fmt(INHOUSE, **changes)
+        generic_format(INHOUSE, **changes)
 
 
 def test_counts_and_removals_of_nested_batches_are_accepted() -> None:
-    _fmt(BATCHES, remove_fields=["$.batches[*].facets", "$.batches[*].debug.trace"])
-    _fmt(BATCHES, count_fields=["$.stats.total", "$.batches[*].stats.n"])
-    _fmt(CHROMA, count_fields=["$.n"], remove_fields=["$.answer"])
+    generic_format(BATCHES, remove_fields=["$.batches[*].facets", "$.batches[*].debug.trace"])
+    generic_format(BATCHES, count_fields=["$.stats.total", "$.batches[*].stats.n"])
+    generic_format(CHROMA, count_fields=["$.n"], remove_fields=["$.answer"])
 
 
 # -- routes -----------------------------------------------------------------------
@@ -461,11 +361,11 @@ def test_counts_and_removals_of_nested_batches_are_accepted() -> None:
     ],
 )
 def test_route_kind(method: str, path: str, kind: RouteKind | None) -> None:
-    assert _fmt(INHOUSE).route_kind(Route(method, path)) is kind
+    assert generic_format(INHOUSE).route_kind(Route(method, path)) is kind
 
 
 def test_route_kind_of_the_root_and_of_other_methods() -> None:
-    fmt = _fmt(INHOUSE, routes=["GET /", "PATCH /search/{a}/{b}"])
+    fmt = generic_format(INHOUSE, routes=["GET /", "PATCH /search/{a}/{b}"])
     assert fmt.route_kind(Route("GET", "/")) is RouteKind.FILTERED
     assert fmt.route_kind(Route("PATCH", "/search/x/y")) is RouteKind.FILTERED
     assert fmt.route_kind(Route("PATCH", "/search/x")) is None
@@ -474,7 +374,7 @@ def test_route_kind_of_the_root_and_of_other_methods() -> None:
 
 def test_parse_rejects_a_route_it_does_not_handle() -> None:
     with pytest.raises(ValueError, match="not handled by the inhouse format"):
-        _fmt(INHOUSE).parse(encode(inhouse_body(HITS)), Route("GET", "/api/retrieve"))
+        generic_format(INHOUSE).parse(encode(inhouse_body(HITS)), Route("GET", "/api/retrieve"))
 
 
 # -- hits layout --------------------------------------------------------------------
@@ -852,43 +752,18 @@ def test_misaligned_parallel_arrays(
 )
 def test_malformed_bodies(config: Mapping[str, Any], body: bytes) -> None:
     with pytest.raises(MalformedBody) as raised:
-        _fmt(config).parse(body, _route(config))
+        generic_format(config).parse(body, route_of(config))
     assert "SECRET" not in str(raised.value)
     assert raised.value.__cause__ is None
     assert raised.value.__context__ is None
 
 
-def test_unexpected_errors_become_malformed_body(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(*args: object) -> None:
-        raise KeyError("SECRET")
-
-    monkeypatch.setattr("sidecar.formats.generic._hit", broken)
-    with pytest.raises(MalformedBody, match="inhouse") as raised:
-        _parse(INHOUSE, inhouse_body(HITS))
-    assert raised.value.__context__ is None
-    assert "SECRET" not in str(raised.value)
-
-
 # -- properties ---------------------------------------------------------------------
 
-_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-_ABSENT = object()  # a field left out of a hit
-
-_json_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=6)
-)
-_json = st.recursive(
-    _json_scalars,
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3)
-    ),
-    max_leaves=8,
-)
 _ids = st.integers(min_value=0, max_value=2**63) | st.text(min_size=1, max_size=6)
+
+
+_ABSENT = object()  # a field left out of a hit
 
 
 def _without_absent(fields: dict[str, Any]) -> dict[str, Any]:
@@ -903,7 +778,7 @@ def _hits(draw: st.DrawFn) -> list[Hit]:
         st.builds(
             lambda text, extra: _without_absent({**extra, "text": text}),
             texts,
-            st.dictionaries(st.sampled_from(["lang", "page", "x"]), _json, max_size=2),
+            st.dictionaries(st.sampled_from(["lang", "page", "x"]), json_values, max_size=2),
         )
         | st.none()
         | st.just(_ABSENT)
@@ -914,7 +789,7 @@ def _hits(draw: st.DrawFn) -> list[Hit]:
                 "doc_id": draw(_ids | st.none() | st.just(_ABSENT) | st.booleans()),
                 "score": draw(st.floats(allow_nan=False, allow_infinity=False)),
                 "content": draw(contents),
-                "extra": draw(_json),
+                "extra": draw(json_values),
             }
         )
         for _ in range(draw(st.integers(min_value=0, max_value=5)))
@@ -943,7 +818,7 @@ def _candidate_tuple(candidate: Candidate) -> tuple[Any, ...]:
     )
 
 
-@_SETTINGS
+@PROPERTIES
 @given(batches=st.lists(_hits(), max_size=3), data=st.data())
 def test_property_hits_render_keeps_exactly_the_kept_hits(
     batches: list[list[Hit]], data: st.DataObject
@@ -966,12 +841,12 @@ def test_property_hits_render_keeps_exactly_the_kept_hits(
 _rows = st.tuples(
     _ids | st.none(),
     st.text(max_size=8) | st.none(),
-    st.none() | st.dictionaries(st.sampled_from(["lang", "page"]), _json_scalars, max_size=2),
+    st.none() | st.dictionaries(st.sampled_from(["lang", "page"]), json_scalars, max_size=2),
     st.floats(allow_nan=False, allow_infinity=False),
 )
 
 
-@_SETTINGS
+@PROPERTIES
 @given(
     queries=st.lists(st.lists(_rows, max_size=4), max_size=3),
     nulls=st.sets(st.sampled_from(CHROMA_ARRAYS)),
@@ -1006,7 +881,7 @@ def test_property_parallel_arrays_stay_aligned(
     assert filtered == chroma_body(expected, nulls=nulls, null_queries=null_queries)
 
 
-@_SETTINGS
+@PROPERTIES
 @given(rows=st.lists(_rows, max_size=6), nulls=st.sets(st.sampled_from(["scores", "metadatas"])))
 def test_property_flat_arrays_with_replacements(rows: list[Row], nulls: set[str]) -> None:
     body = flat_body(rows, nulls=nulls)
@@ -1015,7 +890,7 @@ def test_property_flat_arrays_with_replacements(rows: list[Row], nulls: set[str]
     replacements = {i: Replacement(f"r{i}", f"text {i}") for i in keep if i % 2 == 0}
     out = parsed.render(keep, replacements=replacements)
     FlatResponse.model_validate_json(out)
-    again = _fmt(FLAT).parse(out, _route(FLAT))
+    again = generic_format(FLAT).parse(out, route_of(FLAT))
     kept_candidates = [parsed.candidates[i] for i in sorted(keep)]
     assert [(c.chunk_id, c.text) for c in again.candidates] == [
         (f"r{c.position}", f"text {c.position}")
@@ -1025,7 +900,7 @@ def test_property_flat_arrays_with_replacements(rows: list[Row], nulls: set[str]
     ]
 
 
-@_SETTINGS
+@PROPERTIES
 @given(batches=st.lists(_hits(), max_size=3), data=st.data())
 def test_property_hit_replacements_change_only_id_text_and_marker(
     batches: list[list[Hit]], data: st.DataObject
@@ -1049,97 +924,3 @@ def test_property_hit_replacements_change_only_id_text_and_marker(
         assert {k: v for k, v in after.items() if k not in strip} == {
             k: v for k, v in before.items() if k not in strip
         }
-
-
-# -- properties: anything else parses or is malformed ---------------------------------
-
-
-def _check_parse(config: Mapping[str, Any], body: bytes, keep_mask: int) -> None:
-    """Parse succeeds or raises MalformedBody; a parsed body renders only kept hits.
-
-    The rendered body is parsed again: its hits must be exactly the kept ones,
-    so it can never be the unfiltered original when some were not kept.
-    """
-    fmt = _fmt(config)
-    try:
-        parsed = fmt.parse(body, _route(config))
-    except MalformedBody:
-        return
-    count = len(parsed.candidates)
-    for keep in (set(range(count)), set(), {i for i in range(count) if keep_mask >> i & 1}):
-        again = fmt.parse(parsed.render(keep), _route(config))
-        assert [(c.chunk_id, c.text, c.problem) for c in again.candidates] == [
-            (c.chunk_id, c.text, c.problem) for c in parsed.candidates if c.position in keep
-        ]
-
-
-_configs = st.sampled_from(sorted(CONFIGS))
-
-
-@_SETTINGS
-@given(body=st.binary(max_size=64), name=_configs)
-def test_property_any_bytes_parse_or_are_malformed(body: bytes, name: str) -> None:
-    _check_parse(CONFIGS[name], body, 0)
-
-
-@_SETTINGS
-@given(value=_json, key=st.sampled_from(["results", "batches", "ids", "documents", "total"]))
-def test_property_any_json_parses_or_is_malformed(value: Any, key: str) -> None:
-    for config in CONFIGS.values():
-        _check_parse(config, encode(value), 0b101)
-        _check_parse(config, encode({key: value}), 0b011)
-
-
-def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Every place in a decoded body, the root first."""
-    found = [path]
-    children = (
-        value.items()
-        if isinstance(value, dict)
-        else enumerate(value)
-        if isinstance(value, list)
-        else ()
-    )
-    for key, child in children:
-        found.extend(_paths(child, (*path, key)))
-    return found
-
-
-def _mutated(body: Body, path: tuple[Any, ...], action: str, new: Any) -> Body:
-    if not path:
-        return new
-    body = copy.deepcopy(body)
-    parent = body
-    for key in path[:-1]:
-        parent = parent[key]
-    if action == "delete":
-        del parent[path[-1]]
-    elif action == "insert" and isinstance(parent, list):
-        parent.insert(path[-1], new)
-    else:
-        parent[path[-1]] = new
-    return body
-
-
-_VALID = {
-    "inhouse": inhouse_body(HITS),
-    "batched": batches_body([HITS[:2], [], HITS[2:]]),
-    "chroma-like": chroma_body([ROWS[:2], ROWS[2:]], null_queries={"metadatas": [1]}),
-    "columns": flat_body(ROWS, nulls=("scores",)),
-}
-
-
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    name=_configs,
-    action=st.sampled_from(["replace", "delete", "insert"]),
-    new=_json,
-    keep_mask=st.integers(min_value=0, max_value=2**8),
-    data=st.data(),
-)
-def test_property_mutated_bodies_parse_or_are_malformed(
-    name: str, action: str, new: Any, keep_mask: int, data: st.DataObject
-) -> None:
-    body = _VALID[name]
-    path = data.draw(st.sampled_from(_paths(body)))
-    _check_parse(CONFIGS[name], encode(_mutated(body, path, action, new)), keep_mask)

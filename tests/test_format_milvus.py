@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
@@ -34,6 +34,7 @@ from tests.fixtures.milvus_bodies import (
     row,
     search_body,
 )
+from tests.format_strategies import PROPERTIES, json_values
 
 ACTIONS = SEARCHES + FETCHES
 
@@ -446,31 +447,10 @@ def test_malformed_bodies(action: str, body: bytes) -> None:
     assert raised.value.__context__ is None
 
 
-def test_unexpected_errors_become_malformed_body(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(self: object, position: int, hit: object) -> Candidate:
-        raise KeyError("SECRET")
-
-    monkeypatch.setattr("sidecar.formats.milvus.MilvusFormat._candidate", broken)
-    with pytest.raises(MalformedBody) as raised:
-        MilvusFormat().parse(encode(query_body(ROWS)), route("query"))
-    assert raised.value.__context__ is None
-    assert "SECRET" not in str(raised.value)
-
-
-# -- properties ---------------------------------------------------------------
-
-_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# -- properties (the shared ones are in tests/test_format_contract.py) ----------
 
 _ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 _floats = st.floats(allow_nan=False, allow_infinity=False)
-_json_scalars = st.none() | st.booleans() | _ints | _floats | st.text(max_size=8)
-_json = st.recursive(
-    _json_scalars,
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
-    ),
-    max_leaves=10,
-)
 _keys = _ints | st.text(min_size=1, max_size=8)
 
 
@@ -478,7 +458,7 @@ _keys = _ints | st.text(min_size=1, max_size=8)
 def _rows(draw: st.DrawFn, search: bool, max_size: int = 5) -> list[Row]:
     rows: list[Row] = []
     for key in draw(st.lists(_keys, max_size=max_size)):
-        values: Row = draw(st.dictionaries(st.text(max_size=6), _json, max_size=3))
+        values: Row = draw(st.dictionaries(st.text(max_size=6), json_values, max_size=3))
         values["id"] = key
         if search:
             values["distance"] = draw(_floats)
@@ -494,7 +474,7 @@ def _text_of(hit: Row) -> str | None:
     return text if isinstance(text, str) else None
 
 
-@_SETTINGS
+@PROPERTIES
 @given(
     action=st.sampled_from(SEARCHES),
     groups=st.lists(_rows(search=True), min_size=1, max_size=4),
@@ -520,7 +500,7 @@ def test_property_search_keeps_kept_rows_and_consistent_topks(
     assert parsed.released_positions(keep) == sorted(keep & set(range(len(rows))))
 
 
-@_SETTINGS
+@PROPERTIES
 @given(action=st.sampled_from(FETCHES), rows=_rows(search=False), data=st.data())
 def test_property_query_keeps_exactly_the_kept_rows(
     action: str, rows: list[Row], data: st.DataObject
@@ -545,11 +525,11 @@ def test_property_query_keeps_exactly_the_kept_rows(
     assert parsed.render(range(len(rows))) == encode(query_body(rows))
 
 
-@_SETTINGS
+@PROPERTIES
 @given(
     action=st.sampled_from(ACTIONS),
     code=_ints.filter(lambda code: code != 0),
-    extra=st.dictionaries(st.sampled_from(["message", "cost", "detail"]), _json, max_size=3),
+    extra=st.dictionaries(st.sampled_from(["message", "cost", "detail"]), json_values, max_size=3),
     rows=st.sampled_from([None, [], {}, "absent"]),
 )
 def test_property_errors_pass_through_byte_for_byte(
@@ -560,73 +540,3 @@ def test_property_errors_pass_through_byte_for_byte(
     parsed = MilvusFormat().parse(raw, route(action))
     assert parsed.candidates == ()
     assert parsed.render(set()) == raw
-
-
-_SEEDS = [
-    ("search", search_body(GROUPS, recalls=[0.9, 1.0, 0.8])),
-    ("hybrid_search", search_body([ROWS], topks=False)),
-    ("query", query_body(ROWS)),
-    ("get", error_body(100, "collection not found")),
-]
-
-
-@st.composite
-def _mutated(draw: st.DrawFn, value: Any) -> Any:
-    """``value`` with one subtree replaced by arbitrary JSON, or one key dropped."""
-    if isinstance(value, dict) and value and draw(st.booleans()):
-        key = draw(st.sampled_from(sorted(value)))
-        if draw(st.integers(0, 3)) == 0:
-            return {k: v for k, v in value.items() if k != key}
-        return {**value, key: draw(_mutated(value[key]))}
-    if isinstance(value, list) and value and draw(st.booleans()):
-        index = draw(st.integers(0, len(value) - 1))
-        return [*value[:index], draw(_mutated(value[index])), *value[index + 1 :]]
-    return draw(_json)
-
-
-def _parse_or_malformed(body: bytes, action: str) -> None:
-    """Either MalformedBody, or a body whose renders hold exactly the kept rows."""
-    fmt = MilvusFormat(id_field="k")
-    try:
-        parsed = fmt.parse(body, route(action))
-    except MalformedBody:
-        return
-    count = len(parsed.candidates)
-    assert orjson.loads(parsed.render(range(count))) == orjson.loads(body)
-    assert fmt.parse(parsed.render(set()), route(action)).candidates == ()
-    if count:
-        kept = fmt.parse(parsed.render({count - 1}), route(action)).candidates
-        assert [(c.chunk_id, c.text, c.problem) for c in kept] == [
-            (c.chunk_id, c.text, c.problem) for c in parsed.candidates[-1:]
-        ]
-
-
-@_SETTINGS
-@given(body=st.binary(max_size=64), action=st.sampled_from(ACTIONS))
-def test_property_any_bytes_parse_or_are_malformed(body: bytes, action: str) -> None:
-    _parse_or_malformed(body, action)
-
-
-@_SETTINGS
-@given(
-    value=_json,
-    code=st.none() | st.sampled_from([0, 200, 1100]),
-    topks=st.none() | st.lists(st.integers(-1, 3), max_size=3),
-    action=st.sampled_from(ACTIONS),
-)
-def test_property_any_json_parses_or_is_malformed(
-    value: Any, code: int | None, topks: list[int] | None, action: str
-) -> None:
-    body = value if code is None else {"code": code, "data": value}
-    if topks is not None and isinstance(body, dict):
-        body["topks"] = topks
-    _parse_or_malformed(orjson.dumps(body), action)
-
-
-@_SETTINGS
-@given(seed=st.sampled_from(_SEEDS), data=st.data())
-def test_property_mutated_bodies_parse_or_are_malformed(
-    seed: tuple[str, Body], data: st.DataObject
-) -> None:
-    action, body = seed
-    _parse_or_malformed(orjson.dumps(data.draw(_mutated(body))), action)

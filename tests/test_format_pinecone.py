@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pinecone._internal.adapters.vectors_adapter import VectorsAdapter
 
@@ -37,6 +37,7 @@ from tests.fixtures.pinecone_bodies import (
     search_body,
     search_route,
 )
+from tests.format_strategies import PROPERTIES
 
 SEARCH_ROUTE = search_route()
 
@@ -445,36 +446,9 @@ def test_malformed_bodies(route: Route, body: bytes) -> None:
     assert raised.value.__context__ is None
 
 
-def test_unexpected_errors_become_malformed_body(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(self: object, value: object) -> range:
-        raise KeyError("SECRET")
-
-    monkeypatch.setattr("sidecar.formats.pinecone._Hits.add_list", broken)
-    with pytest.raises(MalformedBody) as raised:
-        PineconeFormat().parse(encode(query_body(MATCHES)), QUERY_ROUTE)
-    assert raised.value.__context__ is None
-    assert "SECRET" not in str(raised.value)
-
-
-# -- properties ---------------------------------------------------------------
-
-_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# -- properties (the shared ones are in tests/test_format_contract.py) ----------
 
 _floats = st.floats(allow_nan=False, allow_infinity=False, width=32)
-_json_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8)
-)
-_json = st.recursive(
-    _json_scalars,
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
-    ),
-    max_leaves=10,
-)
 # Pinecone metadata values: strings, numbers, booleans and lists of strings.
 _metadata_values = (
     st.text(max_size=8)
@@ -530,7 +504,7 @@ def _text_of(fields: Any) -> str | None:
     return text if isinstance(text, str) else None
 
 
-@_SETTINGS
+@PROPERTIES
 @given(
     batches=st.none() | st.lists(_matches(max_size=3), max_size=3),
     matches=_matches(),
@@ -557,7 +531,7 @@ def test_property_query_render_keeps_exactly_the_kept_matches(
     assert parsed.released_positions(keep) == sorted(keep & set(range(len(hits))))
 
 
-@_SETTINGS
+@PROPERTIES
 @given(hits=_record_hits(), tokens=st.none() | st.integers(0, 2**31 - 1), data=st.data())
 def test_property_search_render_keeps_exactly_the_kept_hits(
     hits: list[Hit], tokens: int | None, data: st.DataObject
@@ -572,7 +546,7 @@ def test_property_search_render_keeps_exactly_the_kept_hits(
     assert validate(parsed.render(keep), SEARCH_ROUTE) == expected
 
 
-@_SETTINGS
+@PROPERTIES
 @given(matches=_matches(min_size=1), data=st.data())
 def test_property_substitutes_keep_everything_else(matches: list[Hit], data: st.DataObject) -> None:
     body = query_body(matches)
@@ -591,68 +565,3 @@ def test_property_substitutes_keep_everything_else(matches: list[Hit], data: st.
         assert rendered["metadata"][SUBSTITUTED_FOR] == original["id"]
         assert rendered["metadata"]["text"] == f"text {position}"
     assert parsed.render(range(len(matches))) == encode(body)
-
-
-_SEEDS = [
-    (QUERY_ROUTE, query_body(MATCHES)),
-    (QUERY_ROUTE, _legacy([MATCHES[:2], []], MATCHES[2:])),
-    (SEARCH_ROUTE, search_body(HITS)),
-]
-
-
-@st.composite
-def _mutated(draw: st.DrawFn, value: Any) -> Any:
-    """``value`` with one subtree replaced by arbitrary JSON, or one key dropped."""
-    if isinstance(value, dict) and value and draw(st.booleans()):
-        key = draw(st.sampled_from(sorted(value)))
-        if draw(st.integers(0, 3)) == 0:
-            return {k: v for k, v in value.items() if k != key}
-        return {**value, key: draw(_mutated(value[key]))}
-    if isinstance(value, list) and value and draw(st.booleans()):
-        index = draw(st.integers(0, len(value) - 1))
-        return [*value[:index], draw(_mutated(value[index])), *value[index + 1 :]]
-    return draw(_json)
-
-
-def _parse_or_malformed(body: bytes, route: Route) -> None:
-    """Either MalformedBody, or a body whose renders hold exactly the kept hits."""
-    fmt = PineconeFormat(id_field="k")
-    try:
-        parsed = fmt.parse(body, route)
-    except MalformedBody:
-        return
-    count = len(parsed.candidates)
-    assert orjson.loads(parsed.render(range(count))) == orjson.loads(body)
-    assert fmt.parse(parsed.render(set()), route).candidates == ()
-    if count:
-        kept = fmt.parse(parsed.render({count - 1}), route).candidates
-        assert [(c.chunk_id, c.text, c.problem) for c in kept] == [
-            (c.chunk_id, c.text, c.problem) for c in parsed.candidates[-1:]
-        ]
-
-
-@_SETTINGS
-@given(body=st.binary(max_size=64), route=st.sampled_from([QUERY_ROUTE, SEARCH_ROUTE]))
-def test_property_any_bytes_parse_or_are_malformed(body: bytes, route: Route) -> None:
-    _parse_or_malformed(body, route)
-
-
-@_SETTINGS
-@given(
-    value=_json,
-    wrap=st.sampled_from([None, "matches", "results", "result"]),
-    route=st.sampled_from([QUERY_ROUTE, SEARCH_ROUTE]),
-)
-def test_property_any_json_parses_or_is_malformed(
-    value: Any, wrap: str | None, route: Route
-) -> None:
-    _parse_or_malformed(orjson.dumps(value if wrap is None else {wrap: value}), route)
-
-
-@_SETTINGS
-@given(seed=st.sampled_from(_SEEDS), data=st.data())
-def test_property_mutated_bodies_parse_or_are_malformed(
-    seed: tuple[Route, Body], data: st.DataObject
-) -> None:
-    route, body = seed
-    _parse_or_malformed(orjson.dumps(data.draw(_mutated(body))), route)

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, create_model
 from qdrant_client.http import models
@@ -38,6 +38,7 @@ from tests.fixtures.qdrant_bodies import (
     scroll_body,
     search_body,
 )
+from tests.format_strategies import PROPERTIES, json_values
 
 UUID_A = "5c56c793-69f3-4fbf-87e6-c4bf54c28c26"
 USAGE = {
@@ -237,11 +238,6 @@ def test_route_kinds(method: str, path: str, kind: RouteKind | None) -> None:
 
 def test_name() -> None:
     assert QdrantFormat().name == "qdrant"
-
-
-def test_parse_rejects_a_route_it_does_not_handle() -> None:
-    with pytest.raises(ValueError, match="not handled"):
-        QdrantFormat().parse(encode(search_body(POINTS)), Route("PUT", "/collections/c/points"))
 
 
 # -- filtering ----------------------------------------------------------------
@@ -576,44 +572,8 @@ def test_malformed_bodies(suffix: str, body: bytes) -> None:
     assert raised.value.__context__ is None
 
 
-def test_invalid_json_error_does_not_chain_the_body() -> None:
-    # orjson's decode error keeps the whole document in its .doc attribute.
-    with pytest.raises(MalformedBody) as raised:
-        QdrantFormat().parse(b'{"result": "SECRET', route("search"))
-    assert raised.value.__cause__ is None
-    assert raised.value.__context__ is None
-    assert "SECRET" not in str(raised.value)
-
-
-def test_unexpected_errors_become_malformed_body(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(self: object, hit: object) -> int:
-        raise KeyError("SECRET")
-
-    monkeypatch.setattr("sidecar.formats.qdrant._Hits.add", broken)
-    with pytest.raises(MalformedBody) as raised:
-        QdrantFormat().parse(encode(search_body(POINTS)), route("search"))
-    assert raised.value.__context__ is None
-    assert "SECRET" not in str(raised.value)
-
-
 # -- properties ---------------------------------------------------------------
 
-_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-_json_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8)
-)
-_json = st.recursive(
-    _json_scalars,
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
-    ),
-    max_leaves=10,
-)
 _point_ids = st.integers(min_value=0, max_value=2**64 - 1) | st.uuids().map(str)
 
 
@@ -626,26 +586,12 @@ def _points(draw: st.DrawFn, min_size: int = 0, max_size: int = 8) -> list[Point
             "version": draw(st.integers(min_value=0, max_value=2**32)),
             "score": draw(st.floats(allow_nan=False, allow_infinity=False)),
             "payload": {
-                **draw(st.dictionaries(st.text(max_size=6), _json, max_size=3)),
+                **draw(st.dictionaries(st.text(max_size=6), json_values, max_size=3)),
                 "text": draw(st.text(max_size=12)),
             },
         }
         for point_id in ids
     ]
-
-
-@_SETTINGS
-@given(suffix=st.sampled_from(SUFFIXES), points=_points(min_size=1), data=st.data())
-def test_property_render_keeps_exactly_the_kept_hits(
-    suffix: str, points: list[Point], data: st.DataObject
-) -> None:
-    if suffix == "{id}":
-        points = points[:1]
-    keep = data.draw(st.sets(st.integers(min_value=0, max_value=len(points) - 1)))
-    body = _build(suffix, points)
-    parsed = _parse(body, suffix)
-    assert [c.chunk_id for c in parsed.candidates] == [str(p["id"]) for p in points]
-    assert _filtered(body, suffix, keep) == _build(suffix, points, keep)
 
 
 @st.composite
@@ -659,7 +605,7 @@ def _groups(draw: st.DrawFn) -> list[tuple[list[Point], Point | None]]:
     ]
 
 
-@_SETTINGS
+@PROPERTIES
 @given(suffix=st.sampled_from(TRIMMABLE), points=_points(min_size=1), data=st.data())
 def test_property_render_trims_to_limits(
     suffix: str, points: list[Point], data: st.DataObject
@@ -673,7 +619,7 @@ def test_property_render_trims_to_limits(
     assert out == _build(suffix, points, _trimmed(suffix, len(points), keep, limits))
 
 
-@_SETTINGS
+@PROPERTIES
 @given(groups=_groups(), data=st.data())
 def test_property_groups_with_lookups(
     groups: list[tuple[list[Point], Point | None]], data: st.DataObject
@@ -693,29 +639,3 @@ def test_property_groups_with_lookups(
 
     assert len(parsed.candidates) == position
     assert _filtered(body, "recommend/groups", keep) == groups_body(expected)
-
-
-_routes = st.sampled_from(SUFFIXES).map(route)
-
-
-def _parse_or_malformed(body: bytes, suffix_route: Route) -> None:
-    try:
-        parsed = QdrantFormat(id_field="k").parse(body, suffix_route)
-    except MalformedBody:
-        return
-    orjson.loads(parsed.render(range(len(parsed.candidates))))
-    orjson.loads(parsed.render(set()))
-
-
-@_SETTINGS
-@given(body=st.binary(max_size=64), suffix_route=_routes)
-def test_property_any_bytes_parse_or_are_malformed(body: bytes, suffix_route: Route) -> None:
-    _parse_or_malformed(body, suffix_route)
-
-
-@_SETTINGS
-@given(value=_json, wrap=st.booleans(), suffix_route=_routes)
-def test_property_any_json_parses_or_is_malformed(
-    value: Any, wrap: bool, suffix_route: Route
-) -> None:
-    _parse_or_malformed(orjson.dumps({"result": value} if wrap else value), suffix_route)

@@ -3,6 +3,7 @@ generic adapters, and route prefixes pinned to one format."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -152,8 +153,22 @@ def test_bad_format_settings_are_config_errors(tmp_path: Path, text: str, messag
 def test_every_built_in_format_checks_its_field_options(
     name: str, option: str, value: object, message: str
 ) -> None:
+    if option not in inspect.signature(BUILT_IN[name]).parameters:
+        # Chroma keeps its text in a column of its own: it takes no text_field.
+        message = f"unknown option '{option}'"
     with pytest.raises(ValueError, match=f"formats.{name}: {message}"):
         table(**{name: {option: value}})
+
+
+def test_field_defaults_reach_only_the_formats_that_take_them() -> None:
+    formats = {
+        f.name: f for f in build_format_table({}, {}, text_field="body", id_field="chunk").formats
+    }
+    for name in ("qdrant", "weaviate", "milvus", "pinecone"):
+        fmt = formats[name]
+        assert (fmt.text_field, fmt.id_field) == ("body", "chunk")  # type: ignore[attr-defined]
+    assert formats["chroma"].id_field == "chunk"  # type: ignore[attr-defined]
+    assert not hasattr(formats["chroma"], "text_field")
 
 
 @pytest.mark.parametrize(

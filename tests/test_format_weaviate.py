@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from weaviate.client_executor import _WeaviateClientExecutor
 from weaviate.collections.classes.internal import _RawGQLReturn
@@ -43,14 +43,19 @@ from tests.fixtures.weaviate_bodies import (
     errors_body,
     explore_body,
     generate,
+    generative_body,
     get_body,
     graphql_error,
     group,
     group_hit,
     group_object,
+    group_with_own_values_body,
+    groups_body,
     hit,
+    references_body,
     route,
 )
+from tests.format_strategies import PROPERTIES
 
 # -- validation ------------------------------------------------------------------
 
@@ -309,7 +314,7 @@ def test_invalid_options(options: dict[str, Any], named: str) -> None:
     "bad_route", [Route("GET", "/v1/graphql"), Route("GET", "/v1/objects"), Route("POST", "/q")]
 )
 def test_parse_rejects_a_route_it_does_not_filter(bad_route: Route) -> None:
-    with pytest.raises(ValueError, match="not filtered"):
+    with pytest.raises(ValueError, match="not handled by the weaviate format"):
         WeaviateFormat().parse(encode(_plain()), bad_route)
 
 
@@ -464,22 +469,8 @@ def test_problems_never_contain_values() -> None:
 # -- cross-references --------------------------------------------------------------------
 
 
-def _with_references() -> Body:
-    doc_a = hit(UUIDS[10], "document A", title="A")
-    doc_b = hit(UUIDS[11], "document B", title="B")
-    nested = hit(UUIDS[12], "nested", ofDocument=[doc_b])
-    return get_body(
-        {
-            "Chunk": [
-                hit(UUIDS[0], "alpha", ofDocument=[doc_a], tags=["x"]),  # 0, ref 1
-                hit(UUIDS[1], "beta", related=[nested, doc_a], ofDocument=[]),  # 2, refs 3 (4), 5
-            ]
-        }
-    )
-
-
 def test_referenced_objects_are_candidates_after_their_holder() -> None:
-    parsed = _parse(_with_references())
+    parsed = _parse(references_body())
     assert [c.chunk_id for c in parsed.candidates] == [
         UUIDS[0],
         UUIDS[10],
@@ -491,7 +482,7 @@ def test_referenced_objects_are_candidates_after_their_holder() -> None:
 
 
 def test_rejected_references_are_removed_from_their_list() -> None:
-    body = _with_references()
+    body = references_body()
     out = _filtered(body, {0, 2, 4, 5})
     first, second = out["data"]["Get"]["Chunk"]
     assert first == {**body["data"]["Get"]["Chunk"][0], "ofDocument": []}
@@ -500,7 +491,7 @@ def test_rejected_references_are_removed_from_their_list() -> None:
 
 
 def test_references_of_a_kept_reference_are_filtered_too() -> None:
-    body = _with_references()
+    body = references_body()
     out = _filtered(body, {2, 3})
     (second,) = out["data"]["Get"]["Chunk"]
     assert second["related"] == [
@@ -509,7 +500,7 @@ def test_references_of_a_kept_reference_are_filtered_too() -> None:
 
 
 def test_references_of_a_removed_object_are_not_released() -> None:
-    parsed = _parse(_with_references())
+    parsed = _parse(references_body())
     assert parsed.released_positions({1, 3, 4, 5}) == []
     assert parsed.released_positions({0, 1, 2, 4, 5}) == [0, 1, 2, 5]
 
@@ -528,32 +519,8 @@ def test_nested_object_lists_are_checked_like_references() -> None:
 # -- groupBy -------------------------------------------------------------------------
 
 
-def _groups() -> Body:
-    return get_body(
-        {
-            "Chunk": [
-                group_object(
-                    group(0, "a", [group_hit(UUIDS[0], "a0", 0.1), group_hit(UUIDS[1], "a1", 0.3)])
-                ),
-                group_object(group(1, "b", [group_hit(UUIDS[2], "b0", 0.2)])),
-                group_object(
-                    group(
-                        2,
-                        "c",
-                        [
-                            group_hit(UUIDS[3], "c0", 0.25),
-                            group_hit(UUIDS[4], "c1", 0.4),
-                            group_hit(UUIDS[5], "c2", 0.5),
-                        ],
-                    )
-                ),
-            ]
-        }
-    )
-
-
 def test_group_hits_are_the_candidates() -> None:
-    parsed = _parse(_groups())
+    parsed = _parse(groups_body())
     assert [(c.chunk_id, c.text) for c in parsed.candidates] == [
         (UUIDS[0], "a0"),
         (UUIDS[1], "a1"),
@@ -565,7 +532,7 @@ def test_group_hits_are_the_candidates() -> None:
 
 
 def test_groups_are_recomputed_from_kept_hits() -> None:
-    body = _groups()
+    body = groups_body()
     out = _filtered(body, {1, 3, 5})
     hits = [g["_additional"]["group"]["hits"] for g in body["data"]["Get"]["Chunk"]]
     assert out == get_body(
@@ -581,7 +548,7 @@ def test_groups_are_recomputed_from_kept_hits() -> None:
 
 
 def test_all_kept_groups_are_unchanged() -> None:
-    assert _filtered(_groups(), range(6)) == _groups()
+    assert _filtered(groups_body(), range(6)) == groups_body()
 
 
 def test_group_statistics_without_hit_distances_become_null() -> None:
@@ -612,27 +579,14 @@ def test_group_without_selected_hits_is_dropped() -> None:
     assert _filtered(body, set())["data"]["Get"]["Chunk"] == []
 
 
-def _group_with_own_values() -> Body:
-    hits = [group_hit(UUIDS[0], "a0", 0.1), group_hit(UUIDS[1], "a1", 0.3)]
-    return get_body(
-        {
-            "Chunk": [
-                group_object(
-                    group(0, "a", hits), text="a0", _additional={"id": UUIDS[0], "distance": 0.1}
-                )
-            ]
-        }
-    )
-
-
 def test_group_object_carrying_values_is_a_candidate_before_its_hits() -> None:
-    parsed = _parse(_group_with_own_values())
+    parsed = _parse(group_with_own_values_body())
     assert [c.chunk_id for c in parsed.candidates] == [UUIDS[0], UUIDS[0], UUIDS[1]]
-    assert _filtered(_group_with_own_values(), {0, 1, 2}) == _group_with_own_values()
+    assert _filtered(group_with_own_values_body(), {0, 1, 2}) == group_with_own_values_body()
 
 
 def test_rejected_group_object_keeps_only_its_group() -> None:
-    body = _group_with_own_values()
+    body = group_with_own_values_body()
     out = _filtered(body, {2})
     hits = body["data"]["Get"]["Chunk"][0]["_additional"]["group"]["hits"]
     assert out["data"]["Get"]["Chunk"] == [
@@ -645,67 +599,58 @@ def test_rejected_group_object_keeps_only_its_group() -> None:
 
 
 def test_group_object_without_kept_hits_is_dropped_even_when_kept() -> None:
-    out = _filtered(_group_with_own_values(), {0})
+    out = _filtered(group_with_own_values_body(), {0})
     assert out["data"]["Get"]["Chunk"] == []
-    assert _parse(_group_with_own_values()).released_positions({0}) == []
+    assert _parse(group_with_own_values_body()).released_positions({0}) == []
 
 
 # -- generative search ---------------------------------------------------------------------
 
 
-def _generative(grouped: str | None = "SUMMARY", error: str | None = None) -> Body:
-    objs = [
-        hit(UUIDS[i], f"text {i}", additional={"generate": generate(f"single {i}", None)})
-        for i in range(3)
-    ]
-    objs[0]["_additional"]["generate"] = generate("single 0", grouped, error)
-    return get_body({"Chunk": objs})
-
-
 def test_generated_text_stays_when_nothing_is_removed() -> None:
-    assert _filtered(_generative(), range(3)) == _generative()
+    assert _filtered(generative_body(), range(3)) == generative_body()
 
 
 def test_grouped_answer_is_withheld_when_an_object_is_removed() -> None:
-    out = _filtered(_generative(), {0, 2})
+    out = _filtered(generative_body(), {0, 2})
     first, third = out["data"]["Get"]["Chunk"]
     assert first["_additional"]["generate"] == generate("single 0", None, GENERATIVE_WITHHELD)
-    assert third == _generative()["data"]["Get"]["Chunk"][2]
+    assert third == generative_body()["data"]["Get"]["Chunk"][2]
 
 
 def test_grouped_slot_moves_to_the_first_kept_object() -> None:
-    out = _filtered(_generative(), {1, 2})
+    out = _filtered(generative_body(), {1, 2})
     second, third = out["data"]["Get"]["Chunk"]
     assert second["_additional"]["generate"] == generate("single 1", None, GENERATIVE_WITHHELD)
     assert third["_additional"]["generate"] == generate("single 2")
 
 
 def test_grouped_error_is_replaced_too() -> None:
-    out = _filtered(_generative(None, "provider error quoting SECRET"), {0, 1})
+    out = _filtered(generative_body(None, "provider error quoting SECRET"), {0, 1})
     assert out["data"]["Get"]["Chunk"][0]["_additional"]["generate"]["error"] == GENERATIVE_WITHHELD
 
 
 def test_no_grouped_answer_means_nothing_to_withhold() -> None:
-    out = _filtered(_generative(None), {1})
-    assert out["data"]["Get"]["Chunk"] == [_generative(None)["data"]["Get"]["Chunk"][1]]
+    out = _filtered(generative_body(None), {1})
+    assert out["data"]["Get"]["Chunk"] == [generative_body(None)["data"]["Get"]["Chunk"][1]]
 
 
 def test_block_refuses_a_grouped_answer_over_removed_objects() -> None:
-    parsed = _parse(_generative(), WeaviateFormat(generative="block"))
+    parsed = _parse(generative_body(), WeaviateFormat(generative="block"))
     with pytest.raises(Unreleasable) as raised:
         parsed.render({0, 1})
     assert raised.value.code == "generated_from_rejected_chunks"
-    assert parsed.render(range(3)) == encode(_generative())
+    assert parsed.render(range(3)) == encode(generative_body())
     # No grouped answer, nothing to refuse.
-    parsed = _parse(_generative(None), WeaviateFormat(generative="block"))
+    parsed = _parse(generative_body(None), WeaviateFormat(generative="block"))
     assert orjson.loads(parsed.render({1}))["data"]["Get"]["Chunk"][0]["text"] == "text 1"
 
 
 def test_grouped_answer_on_a_class_result_is_independent_of_other_classes() -> None:
-    body = _generative()
+    body = generative_body()
     body["data"]["Get"]["Other"] = [hit(UUIDS[9], "other")]
     out = _filtered(body, {0, 1, 2})
-    assert out["data"]["Get"]["Chunk"] == _generative()["data"]["Get"]["Chunk"]
+    assert out["data"]["Get"]["Chunk"] == generative_body()["data"]["Get"]["Chunk"]
     assert out["data"]["Get"]["Other"] == []
 
 
@@ -747,7 +692,7 @@ def test_replacement_clears_text_generated_from_the_old_text() -> None:
 
 
 def test_replaced_first_object_withholds_the_grouped_answer() -> None:
-    out = _validated(_parse(_generative()).render(range(3), None, {0: Replacement("n", "new")}))
+    out = _validated(_parse(generative_body()).render(range(3), None, {0: Replacement("n", "new")}))
     first = out["data"]["Get"]["Chunk"][0]["_additional"]["generate"]
     assert first == generate(None, None, GENERATIVE_WITHHELD)
 
@@ -851,20 +796,7 @@ def test_malformed_bodies(batched: bool, body: bytes) -> None:
     assert raised.value.__context__ is None
 
 
-def test_unexpected_errors_become_malformed_body(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(self: object, value: object) -> int:
-        raise KeyError("SECRET")
-
-    monkeypatch.setattr("sidecar.formats.weaviate._Parser._add", broken)
-    with pytest.raises(MalformedBody) as raised:
-        _parse(_plain())
-    assert raised.value.__context__ is None
-    assert "SECRET" not in str(raised.value)
-
-
-# -- properties ------------------------------------------------------------------------------
-
-_SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# -- properties (the shared ones are in tests/test_format_contract.py) ------------------------
 
 _scalars = (
     st.none()
@@ -873,15 +805,8 @@ _scalars = (
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=8)
 )
-_json = st.recursive(
-    _scalars,
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
-    ),
-    max_leaves=12,
-)
 _property_names = st.text(min_size=1, max_size=6).filter(lambda k: k not in ("text", "_additional"))
-_properties = st.dictionaries(
+_properties: st.SearchStrategy[dict[str, Any]] = st.dictionaries(
     _property_names, _scalars | st.lists(st.text(max_size=4), max_size=3), max_size=3
 )
 _ids = st.none() | st.uuids().map(str)
@@ -917,18 +842,26 @@ def _keeps(count: int) -> st.SearchStrategy[set[int]]:
     return st.sets(st.integers(min_value=0, max_value=max(count - 1, 0)))
 
 
-@_SETTINGS
-@given(classes=_classes(), data=st.data())
-def test_property_plain_hits(classes: dict[str, list[Obj]], data: st.DataObject) -> None:
-    body = get_body(classes)
-    parsed = _parse(body)
-    flat = [o for objs in classes.values() for o in objs]
-    assert [(c.chunk_id, c.text) for c in parsed.candidates] == [
-        (o["_additional"]["id"], o["text"]) for o in flat
-    ]
-    keep = data.draw(_keeps(len(flat)))
-    assert _filtered(body, keep) == get_body(_keep_subset(classes, keep))
-    assert parsed.released_positions(keep) == sorted(keep & set(range(len(flat))))
+@PROPERTIES
+@given(
+    responses=st.lists(_classes(), min_size=1, max_size=3), batched=st.booleans(), data=st.data()
+)
+def test_property_the_client_reads_exactly_the_kept_objects(
+    responses: list[dict[str, list[Obj]]], batched: bool, data: st.DataObject
+) -> None:
+    """The contract's property (tests/test_format_contract.py) for objects with any
+    properties, in classes, aliases and batches, read by weaviate-client."""
+    responses = responses if batched else responses[:1]
+    count = sum(len(objs) for classes in responses for objs in classes.values())
+    keep = data.draw(_keeps(count))
+    expected: list[Body] = []
+    offset = 0
+    for classes in responses:
+        expected.append(get_body(_keep_subset(classes, {p - offset for p in keep})))
+        offset += sum(len(objs) for objs in classes.values())
+    bodies = [get_body(classes) for classes in responses]
+    body: Body | list[Body] = batch(bodies) if batched else bodies[0]
+    assert _filtered(body, keep) == (batch(expected) if batched else expected[0])
 
 
 @st.composite
@@ -945,7 +878,7 @@ def _grouped(draw: st.DrawFn) -> list[tuple[str, list[Obj]]]:
     ]
 
 
-@_SETTINGS
+@PROPERTIES
 @given(groups=_grouped(), data=st.data())
 def test_property_groups(groups: list[tuple[str, list[Obj]]], data: st.DataObject) -> None:
     body = get_body({"Chunk": [group_object(group(i, v, h)) for i, (v, h) in enumerate(groups)]})
@@ -954,7 +887,8 @@ def test_property_groups(groups: list[tuple[str, list[Obj]]], data: st.DataObjec
     assert len(parsed.candidates) == count
     keep = data.draw(_keeps(count))
 
-    expected, position = [], 0
+    expected: list[Obj] = []
+    position = 0
     for value, hits in groups:
         kept = [h for i, h in enumerate(hits, position) if i in keep]
         position += len(hits)
@@ -963,7 +897,7 @@ def test_property_groups(groups: list[tuple[str, list[Obj]]], data: st.DataObjec
     assert _filtered(body, keep) == get_body({"Chunk": expected})
 
 
-@_SETTINGS
+@PROPERTIES
 @given(
     size=st.integers(min_value=1, max_value=5),
     grouped=st.none() | st.text(max_size=6),
@@ -971,7 +905,7 @@ def test_property_groups(groups: list[tuple[str, list[Obj]]], data: st.DataObjec
     block=st.booleans(),
     data=st.data(),
 )
-def test_property_generative(
+def test_propertygenerative_body(
     size: int, grouped: str | None, error: str | None, block: bool, data: st.DataObject
 ) -> None:
     objs = [
@@ -995,105 +929,3 @@ def test_property_generative(
         withheld["error"] = GENERATIVE_WITHHELD
         kept[0] = {**carrier, "_additional": {**carrier["_additional"], "generate": withheld}}
     assert _validated(parsed.render(keep)) == get_body({"Chunk": kept})
-
-
-@_SETTINGS
-@given(responses=st.lists(_classes(), max_size=3), data=st.data())
-def test_property_batches(responses: list[dict[str, list[Obj]]], data: st.DataObject) -> None:
-    body = batch([get_body(classes) for classes in responses])
-    parsed = _parse(body)
-    count = sum(len(objs) for classes in responses for objs in classes.values())
-    assert len(parsed.candidates) == count
-    keep = data.draw(_keeps(count))
-    expected, offset = [], 0
-    for classes in responses:
-        shifted = {p - offset for p in keep}
-        expected.append(get_body(_keep_subset(classes, shifted)))
-        offset += sum(len(objs) for objs in classes.values())
-    assert _filtered(body, keep) == batch(expected)
-
-
-def _parse_or_malformed(body: bytes, batched: bool, data: st.DataObject | None = None) -> None:
-    try:
-        parsed = WeaviateFormat(id_field="k").parse(body, route(batched))
-    except MalformedBody:
-        return
-    count = len(parsed.candidates)
-    orjson.loads(parsed.render(range(count)))
-    orjson.loads(parsed.render(set()))
-    if count and data is not None:
-        # Whatever the shape, a rejected object never leaves the body as it was.
-        dropped = data.draw(st.integers(min_value=0, max_value=count - 1))
-        out = orjson.loads(parsed.render(set(range(count)) - {dropped}))
-        assert out != orjson.loads(body)
-        assert dropped not in parsed.released_positions(set(range(count)) - {dropped})
-
-
-@_SETTINGS
-@given(body=st.binary(max_size=64), batched=st.booleans())
-def test_property_any_bytes_parse_or_are_malformed(body: bytes, batched: bool) -> None:
-    _parse_or_malformed(body, batched)
-
-
-def _wrapped(value: Any, how: int) -> Any:
-    return [
-        value,
-        {"data": value},
-        {"data": {"Get": value}},
-        {"data": {"Get": {"C": value}}},
-        {"data": {"Get": {"C": [{"k": "id", "text": "t", "ref": value, "_additional": value}]}}},
-    ][how]
-
-
-@_SETTINGS
-@given(
-    value=_json,
-    how=st.integers(min_value=0, max_value=4),
-    batched=st.booleans(),
-    data=st.data(),
-)
-def test_property_any_json_parses_or_is_malformed(
-    value: Any, how: int, batched: bool, data: st.DataObject
-) -> None:
-    body = _wrapped(value, how)
-    _parse_or_malformed(orjson.dumps([body] if batched else body), batched, data)
-
-
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    paths = [prefix]
-    if isinstance(value, dict):
-        for key, item in value.items():
-            paths += _paths(item, (*prefix, key))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            paths += _paths(item, (*prefix, index))
-    return paths
-
-
-def _replaced(value: Any, path: tuple[Any, ...], new: Any) -> Any:
-    if not path:
-        return new
-    head, *rest = path
-    if isinstance(value, dict):
-        return {**value, head: _replaced(value[head], tuple(rest), new)}
-    return [
-        _replaced(item, tuple(rest), new) if i == head else item for i, item in enumerate(value)
-    ]
-
-
-_VALID = [
-    _plain(),
-    _with_references(),
-    _groups(),
-    _group_with_own_values(),
-    _generative(),
-    {**_plain(), "errors": [graphql_error("e", "Get", "C")]},
-]
-
-
-@_SETTINGS
-@given(base=st.sampled_from(_VALID), data=st.data())
-def test_property_mutated_bodies_parse_or_are_malformed(base: Body, data: st.DataObject) -> None:
-    path = data.draw(st.sampled_from(_paths(base)))
-    body = _replaced(base, path, data.draw(_json))
-    _parse_or_malformed(orjson.dumps(body), False, data)

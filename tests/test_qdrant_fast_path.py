@@ -1,8 +1,9 @@
-"""The Qdrant adapter's shortcuts agree with its full checks.
+"""The hit collector's and the Qdrant adapter's shortcuts agree with their full checks.
 
-``_Hits.add`` takes a fast path for well-formed hits; ``add_checked`` is the
-full check. ``released_positions`` reuses what the last ``render`` released.
-Both must give exactly what the long way gives, for any input.
+``Hits.add`` takes a fast path for well-formed hits; ``add_checked`` is the
+full check. ``released_positions`` reuses what the last ``render`` released,
+also when the render trimmed to Qdrant's over-fetch limits. Both must give
+exactly what the long way gives, for any input.
 """
 
 from __future__ import annotations
@@ -16,7 +17,11 @@ from hypothesis import strategies as st
 
 from sidecar.core.hits import Replacement, Route
 from sidecar.formats.base import MalformedBody
-from sidecar.formats.qdrant import QdrantFormat, _Hits
+from sidecar.formats.elasticsearch import ElasticsearchFormat
+from sidecar.formats.hits import Field, HitLayout, Hits
+from sidecar.formats.milvus import MilvusFormat
+from sidecar.formats.qdrant import QdrantFormat
+from tests.format_strategies import PROPERTIES
 
 _scalars = st.one_of(
     st.none(),
@@ -52,10 +57,25 @@ def outcome(add: Any, hit: Any) -> Any:
         return ("malformed", str(exc))
 
 
+def _layouts(id_field: str | None) -> list[HitLayout]:
+    """Layouts of every kind the fast path takes: id beside the text's object (Qdrant's
+    point id), both in one object (a payload id field), both in the hit (Milvus);
+    and one it does not take (a nested id)."""
+    return [
+        QdrantFormat(id_field=id_field)._layout,
+        ElasticsearchFormat(text_field="text", id_field=id_field)._layout,
+        MilvusFormat(id_field=id_field or "doc_id")._layout,
+        HitLayout("hit", Field(("payload", "chunk"), "nested id"), Field(("text",), "text"), None),
+    ]
+
+
 @settings(max_examples=400)
-@given(hit=_hits, id_field=st.sampled_from([None, "chunk", "doc_id"]))
-def test_the_fast_path_gives_what_the_full_checks_give(hit: Any, id_field: str | None) -> None:
-    fast, checked = _Hits("text", id_field), _Hits("text", id_field)
+@given(hit=_hits, id_field=st.sampled_from([None, "chunk", "doc_id"]), data=st.data())
+def test_the_fast_path_gives_what_the_full_checks_give(
+    hit: Any, id_field: str | None, data: st.DataObject
+) -> None:
+    layout = data.draw(st.sampled_from(_layouts(id_field)))
+    fast, checked = Hits(layout), Hits(layout)
     assert outcome(fast.add, hit) == outcome(checked.add_checked, hit)
     assert fast.candidates == checked.candidates
 
@@ -77,7 +97,7 @@ def test_the_fast_path_gives_what_the_full_checks_give(hit: Any, id_field: str |
 def test_hits_the_fast_path_declines_are_still_named(
     hit: dict[str, Any], expected: tuple[Any, ...]
 ) -> None:
-    hits = _Hits("text", None)
+    hits = Hits(QdrantFormat()._layout)
     hits.add(hit)
     candidate = hits.candidates[0]
     assert (candidate.chunk_id, candidate.text, candidate.problem) == expected
@@ -92,7 +112,7 @@ def search_body(n: int) -> bytes:
     return orjson.dumps({"result": hits, "status": "ok", "time": 0.0})
 
 
-@settings(max_examples=100)
+@PROPERTIES
 @given(
     n=st.integers(0, 8),
     keeps=st.lists(st.frozensets(st.integers(0, 9)), min_size=1, max_size=3),

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, StrictFloat
 from qdrant_client.http import models
@@ -26,6 +26,7 @@ from sidecar.core.hits import Route
 from sidecar.formats.base import MalformedRequest, RequestRewrite, RequestRewriter, ResponseFormat
 from sidecar.formats.qdrant import QdrantFormat
 from tests.fixtures.qdrant_bodies import encode, point, query_body, route
+from tests.format_strategies import PROPERTIES
 
 TENANT = "acme"
 TENANT_KEY = "tenant"
@@ -677,8 +678,6 @@ def test_limit_is_not_read_when_over_fetch_is_off() -> None:
 
 # -- properties ---------------------------------------------------------------
 
-_SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
 _keys = st.sampled_from(["doc_id", "lang", "meta.owner", "tags[]", "tenant", "a.b[].c"])
 _numbers = st.integers(min_value=-(2**31), max_value=2**31) | st.floats(
     allow_nan=False, allow_infinity=False, width=32
@@ -729,7 +728,7 @@ _conditions = st.recursive(
 _app_filters = _filters(_conditions)
 
 
-@_SETTINGS
+@PROPERTIES
 @given(app_filter=_app_filters, endpoint=st.sampled_from(ENDPOINTS), factor=st.sampled_from([1, 2]))
 def test_property_app_filter_is_the_second_must_element(
     app_filter: Request, endpoint: str, factor: int
@@ -749,7 +748,7 @@ def test_property_app_filter_is_the_second_must_element(
             assert sub_request["prefetch"]["filter"] == {"must": [CONDITION, expected]}
 
 
-@_SETTINGS
+@PROPERTIES
 @given(
     limits=st.lists(st.integers(0, 10_000), max_size=4),
     factor=st.floats(min_value=0, max_value=50, allow_nan=False),

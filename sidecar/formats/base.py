@@ -1,16 +1,35 @@
-"""What every format adapter provides.
+"""What every format adapter provides, and the skeleton every adapter is built on.
 
 An adapter turns a vector database's response body into candidates (one per
 returned hit, in body order) and renders the body again keeping only the
 admitted positions. An adapter may also rewrite search requests on their way
 to the database (RequestRewriter). Adapters know nothing about policy or Envoy.
+
+``ResponseAdapter.parse`` is a template method, the same for every database:
+find the shape of the route's responses (ValueError for a route the adapter
+does not filter), load the JSON, read it, and turn any failure into
+MalformedBody, even one that is a bug in the adapter: a body the gate cannot
+read never passes. An adapter supplies what is its database's own:
+
+- ``name`` and ``route_kind``: which routes are its and what they do;
+- ``_shape(route)``: how the responses of a filtered route are laid out;
+- ``_read(document, shape)``: where the hits sit in that shape (numbered with
+  a ``hits.Hits`` collector, which reads a hit where its ``hits.HitLayout``
+  says) and how the body is rebuilt (a ``body.HitBody``, which owns limits,
+  released positions and substitute-and-mark);
+- ``_load(body, shape)`` only when the top level is not a JSON object.
+
+Request rewriters have their skeleton in ``rewriter``.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+
+import orjson
 
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 
@@ -139,3 +158,76 @@ class RequestRewriter(Protocol):
         MalformedRequest if a rewritable request body cannot be read.
         """
         ...
+
+
+ShapeT = TypeVar("ShapeT")
+
+
+class ResponseAdapter(ABC, Generic[ShapeT]):
+    """A ResponseFormat: ``parse`` is shared, the database's shapes are the subclass's."""
+
+    name: str  # short and stable: the ``format`` metric label
+
+    @abstractmethod
+    def route_kind(self, route: Route) -> RouteKind | None:
+        """What ``route`` does in this database's API; None when it is not one of its routes."""
+
+    def parse(self, body: bytes, route: Route) -> ParsedBody:
+        """Parse a successful response body; raise MalformedBody if it is not one.
+
+        Raises ValueError if ``route`` is not one this format filters.
+        """
+        shape = self._shape(route)
+        if shape is None:
+            raise ValueError(f"route is not handled by the {self.name} format")
+        try:
+            return self._read(self._load(body, shape), shape)
+        except MalformedBody:
+            raise
+        except orjson.JSONDecodeError:
+            message = "body is not valid UTF-8 JSON"
+        except Exception:
+            message = f"body could not be read as a {self.name} response"
+        # Raised outside the handler so that nothing is chained: a decode error's
+        # .doc attribute holds the whole body.
+        raise MalformedBody(message)
+
+    @abstractmethod
+    def _shape(self, route: Route) -> ShapeT | None:
+        """How responses on ``route`` are laid out; None unless the route is FILTERED."""
+
+    def _load(self, body: bytes, shape: ShapeT) -> Any:
+        """The decoded body: a JSON object, unless the adapter says otherwise."""
+        return load_object(body)
+
+    @abstractmethod
+    def _read(self, document: Any, shape: ShapeT) -> ParsedBody:
+        """Check ``document``, number its hits and return the body to render."""
+
+
+def load_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object; raises MalformedBody (or orjson's error) otherwise."""
+    document = orjson.loads(body)
+    if not isinstance(document, dict):
+        raise MalformedBody("top level is not a JSON object")
+    return document
+
+
+def text_field_option(value: object) -> str:
+    """The ``text_field`` option, checked: a non-empty string."""
+    if not isinstance(value, str) or not value:
+        raise ValueError("text_field must be a non-empty string")
+    return value
+
+
+def id_field_option(value: object, text_field: str | None = None) -> str | None:
+    """The ``id_field`` option, checked: a non-empty string, or None for the hit's own id.
+
+    With ``text_field``, for adapters that keep both in the same object, the
+    two must differ.
+    """
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError("id_field must be a non-empty string, or unset for the hit's own id")
+    if value is not None and value == text_field:
+        raise ValueError("id_field must differ from text_field")
+    return value

@@ -8,6 +8,13 @@ null. ``get`` returns flat columns (one entry per record); ``query`` and
 list may be null. Filtering removes the same index from every column, so each
 kept id keeps its own document, metadata, embedding and distance.
 
+The chunk id is the Chroma record id (``ids[i]``), or the metadata field
+``id_field`` when set. The chunk text is always the record's document
+(``documents[i]``): Chroma stores text in its own column, so the adapter takes
+no ``text_field``. A substitute takes the hit's id and document, and its
+metadata gains the marker; the hit is read and written as a row of its cells
+(``{"ids": ..., "documents": ..., "metadatas": ...}``), one per column present.
+
 Shapes follow the server's OpenAPI document (``QueryResponse``,
 ``GetResponse``, ``SearchResponse``; chromadb 1.5, served at ``/openapi.json``)
 and the Python client (``chromadb.api.fastapi``: ``QueryResult``,
@@ -16,24 +23,14 @@ and the Python client (``chromadb.api.fastapi``: ``QueryResult``,
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-import orjson
-
-from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
-from sidecar.formats._common import (
-    check_fields,
-    kept_in_order,
-    load_object,
-    make_candidate,
-    no_limits,
-    parse_guarded,
-    usable_id,
-    usable_text,
-)
-from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
+from sidecar.core.hits import Route, RouteKind
+from sidecar.formats.base import MalformedBody, ResponseAdapter, id_field_option
+from sidecar.formats.body import HitBody, Selection
+from sidecar.formats.hits import Field, Found, HitLayout, Hits, usable_id, usable_text
 
 _F, _R, _W = RouteKind.FILTERED, RouteKind.READ, RouteKind.WRITE
 _NAME: Final = "{}"  # a path segment that names something: tenant, database, collection ...
@@ -143,13 +140,19 @@ class _Columns:
     ids: list[list[Any]]
     arrays: dict[str, list[list[Any] | None]]
 
-    def cell(self, column: str, batch: int, index: int) -> tuple[bool, Any]:
-        """``(True, value)`` when the hit has an entry in ``column``, else ``(False, None)``."""
+    def inner(self, column: str, batch: int) -> list[Any] | None:
+        """The list of ``column`` for ``batch``; None when the body has none."""
         inner_lists = self.arrays.get(column)
-        inner = None if inner_lists is None else inner_lists[batch if self.nested else 0]
-        if inner is None:
-            return False, None
-        return True, inner[index]
+        return None if inner_lists is None else inner_lists[batch if self.nested else 0]
+
+    def row(self, batch: int, index: int) -> dict[str, Any]:
+        """One hit as a row of its cells: ``ids`` and every column that has one for it."""
+        cells = {"ids": self.ids[batch][index]}
+        for column in self.arrays:
+            inner = self.inner(column, batch)
+            if inner is not None:
+                cells[column] = inner[index]
+        return cells
 
 
 def _columns(document: dict[str, Any], nested: bool) -> _Columns:
@@ -192,124 +195,50 @@ def _aligned(
     return inner_lists
 
 
-@dataclass(frozen=True, slots=True)
-class _ChromaBody:
-    candidates: Sequence[Candidate]
-    _document: dict[str, Any]
-    _columns: _Columns
-    _hits: tuple[tuple[int, int], ...]  # position -> (batch, index in batch)
-    _id_field: str | None
+@dataclass(eq=False)
+class _ChromaBody(HitBody):
+    """Every column loses the same entries, so the arrays stay aligned; null
+    columns and the request's ``include``/``select`` stay as they are."""
 
-    def render(
-        self,
-        keep: Collection[int],
-        limits: Sequence[int | None] | None = None,
-        replacements: Mapping[int, Replacement] | None = None,
-    ) -> bytes:
-        """Serialise the body with only the hits whose position is in ``keep``.
+    document: dict[str, Any]
+    columns: _Columns
+    places: Sequence[tuple[int, int]]  # position -> (batch, index in batch)
 
-        Every column loses the same entries, so the arrays stay aligned; null
-        columns and the request's ``include``/``select`` stay as they are. A
-        replaced hit takes the substitute's id (``ids`` entry, or the metadata
-        field ``id_field``) and document, and its metadata gains
-        ``retrieval_gate_substituted_for``; see ``ParsedBody.render``.
-        """
-        no_limits(limits)
-        kept = self._kept_by_batch(keep)
-        changed = self._substituted(kept, replacements or {})
-        rendered: dict[str, Any] = {}
-        for key, value in self._document.items():
-            if key == "ids" or key in self._columns.arrays:
-                rendered[key] = self._render_column(key, kept, changed)
-            else:
-                rendered[key] = value
-        return orjson.dumps(rendered)
+    def _rebuild(self, selection: Selection) -> dict[str, Any]:
+        columns = self.columns
+        # Per batch, the rows it sends, in rank order.
+        sent: list[list[dict[str, Any]]] = [[] for _ in columns.ids]
+        for position in selection.kept(range(len(self.places))):
+            batch, index = self.places[position]
+            sent[batch].append(selection.send(position, columns.row(batch, index)))
+        return {
+            key: self._column(key, sent) if key == "ids" or key in columns.arrays else value
+            for key, value in self.document.items()
+        }
 
-    def released_positions(
-        self, keep: Collection[int], limits: Sequence[int | None] | None = None
-    ) -> list[int]:
-        """The positions ``render`` sends, in body order."""
-        no_limits(limits)
-        return kept_in_order(range(len(self._hits)), keep)
-
-    def _kept_by_batch(self, keep: Collection[int]) -> list[list[tuple[int, int]]]:
-        """Per batch, the kept ``(position, index)`` pairs in rank order."""
-        kept: list[list[tuple[int, int]]] = [[] for _ in self._columns.ids]
-        for position in kept_in_order(range(len(self._hits)), keep):
-            batch, index = self._hits[position]
-            kept[batch].append((position, index))
-        return kept
-
-    def _render_column(
-        self,
-        column: str,
-        kept: list[list[tuple[int, int]]],
-        changed: Mapping[tuple[int, str], Any],
-    ) -> Any:
-        source = self._columns.ids if column == "ids" else self._columns.arrays[column]
+    def _column(self, column: str, sent: list[list[dict[str, Any]]]) -> Any:
+        source = self.columns.ids if column == "ids" else self.columns.arrays[column]
         inner_lists = [
-            None
-            if inner is None
-            else [
-                changed[(position, column)] if (position, column) in changed else inner[index]
-                for position, index in batch_kept
-            ]
-            for inner, batch_kept in zip(source, kept, strict=True)
+            None if inner is None else [row[column] for row in rows]
+            for inner, rows in zip(source, sent, strict=True)
         ]
-        return inner_lists if self._columns.nested else inner_lists[0]
+        return inner_lists if self.columns.nested else inner_lists[0]
 
-    def _substituted(
-        self, kept: list[list[tuple[int, int]]], replacements: Mapping[int, Replacement]
-    ) -> dict[tuple[int, str], Any]:
-        """New values of the cells that replacements change: ``(position, column) -> value``."""
-        changed: dict[tuple[int, str], Any] = {}
-        for batch, batch_kept in enumerate(kept):
-            for position, index in batch_kept:
-                replacement = replacements.get(position)
-                if replacement is not None:
-                    changed.update(self._replaced_cells(position, batch, index, replacement))
-        return changed
 
-    def _replaced_cells(
-        self, position: int, batch: int, index: int, replacement: Replacement
-    ) -> dict[tuple[int, str], Any]:
-        columns = self._columns
-        cells: dict[tuple[int, str], Any] = {}
-        has_metadata, metadata = columns.cell("metadatas", batch, index)
-        # A copy: the parsed document is never changed, render may run again.
-        new_metadata = dict(metadata or {})
-        if self._id_field is None:
-            old_id = columns.ids[batch][index]
-            cells[(position, "ids")] = replacement.chunk_id
+class ChromaFormat(ResponseAdapter[bool]):
+    """Adapter for Chroma's HTTP API v2: filters query, get and search responses."""
+
+    name = "chroma"
+
+    def __init__(self, *, id_field: str | None = None) -> None:
+        self.id_field = id_field_option(id_field)
+        if self.id_field is None:
+            chunk_id = Field(("ids",), "id")
         else:
-            old_id = new_metadata.get(self._id_field)
-            new_metadata[self._id_field] = replacement.chunk_id
-        new_metadata[SUBSTITUTED_FOR] = old_id
-        if has_metadata:
-            cells[(position, "metadatas")] = new_metadata
-        if columns.cell("documents", batch, index)[0]:
-            cells[(position, "documents")] = replacement.text
-        return cells
-
-
-class ChromaFormat:
-    """Adapter for Chroma's HTTP API v2: filters query, get and search responses.
-
-    The chunk id is the Chroma record id (``ids[i]``), or the metadata field
-    ``id_field`` when set. The chunk text is always the record's document
-    (``documents[i]``): Chroma stores text in its own column, so ``text_field``
-    is accepted for a uniform configuration and not used.
-    """
-
-    def __init__(self, *, text_field: str = "text", id_field: str | None = None) -> None:
-        check_fields(text_field, id_field)
-        self.text_field = text_field
-        self.id_field = id_field
-
-    @property
-    def name(self) -> str:
-        """Short stable name, used as the ``format`` metric label."""
-        return "chroma"
+            chunk_id = Field((self.id_field,), f"metadata field {self.id_field!r}", "metadatas")
+        self._layout = HitLayout(
+            "record", chunk_id, Field(("documents",), "document"), ("metadatas",)
+        )
 
     def route_kind(self, route: Route) -> RouteKind | None:
         """What ``route`` does in Chroma's API; None outside ``/api/v2`` and ``/api/v1``.
@@ -322,41 +251,40 @@ class ChromaFormat:
         """
         return _kind(route)
 
-    def parse(self, body: bytes, route: Route) -> ParsedBody:
-        """Parse a successful response body; raise MalformedBody if it is not one.
-
-        Raises ValueError if ``route`` is not one this format filters.
-        """
+    def _shape(self, route: Route) -> bool | None:
+        """Whether the columns are nested (query, search); None for routes not filtered."""
         if _kind(route) is not RouteKind.FILTERED:
-            raise ValueError("route is not filtered by the chroma format")
-        nested = _NESTED[route.path.rsplit("/", 1)[-1]]
-        return parse_guarded(self.name, lambda: self._parse(body, nested))
+            return None
+        return _NESTED[route.path.rsplit("/", 1)[-1]]
 
-    def _parse(self, body: bytes, nested: bool) -> _ChromaBody:
-        document = load_object(body)
-        columns = _columns(document, nested)
-        hits = tuple(
+    def _read(self, document: dict[str, Any], shape: bool) -> _ChromaBody:
+        columns = _columns(document, shape)
+        places = tuple(
             (batch, index)
             for batch, batch_ids in enumerate(columns.ids)
             for index in range(len(batch_ids))
         )
-        candidates = tuple(
-            self._candidate(position, columns, batch, index)
-            for position, (batch, index) in enumerate(hits)
-        )
-        return _ChromaBody(candidates, document, columns, hits, self.id_field)
+        hits = Hits(self._layout)
+        for batch, index in places:
+            hits.add_found(self._chunk_id(columns, batch, index), self._text(columns, batch, index))
+        return _ChromaBody(hits, document, columns, places)
 
     # Problems name the field, never its value: they end up in audit records.
 
-    def _candidate(self, position: int, columns: _Columns, batch: int, index: int) -> Candidate:
-        has_document, document = columns.cell("documents", batch, index)
-        text = usable_text(document, "document") if has_document else (None, "no documents")
+    def _text(self, columns: _Columns, batch: int, index: int) -> Found:
+        documents = columns.inner("documents", batch)
+        if documents is None:
+            return None, "no documents"
+        return usable_text(documents[index], self._layout.text.label)
+
+    def _chunk_id(self, columns: _Columns, batch: int, index: int) -> Found:
+        label = self._layout.chunk_id.label
         if self.id_field is None:
-            return make_candidate(position, usable_id(columns.ids[batch][index], "id"), text)
-        has_metadata, metadata = columns.cell("metadatas", batch, index)
-        if not has_metadata:
-            return make_candidate(position, (None, "no metadatas"), text)
+            return usable_id(columns.ids[batch][index], label)
+        metadatas = columns.inner("metadatas", batch)
+        if metadatas is None:
+            return None, "no metadatas"
+        metadata = metadatas[index]
         if metadata is None:
-            return make_candidate(position, (None, "metadata missing"), text)
-        field = usable_id(metadata.get(self.id_field), f"metadata field {self.id_field!r}")
-        return make_candidate(position, field, text)
+            return None, "metadata missing"
+        return usable_id(metadata.get(self.id_field), label)

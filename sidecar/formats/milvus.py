@@ -7,7 +7,13 @@ key, the requested output fields and, for searches, ``distance``. A search
 with several query vectors concatenates their hits and says in ``topks`` how
 many rows belong to each query (``recalls``, when present, has one entry per
 query and is kept as it is). A failure is a non-zero ``code`` with a
-``message`` and no rows; it is passed on untouched.
+``message`` and no rows; it is passed on untouched, byte for byte.
+
+The chunk id and text are the output fields ``id_field`` (default ``"id"``)
+and ``text_field`` of a row. Rows are the only free-form object of a hit
+(dynamic fields are flattened into them), so a substitute's marker sits next
+to its output fields; its id is a number where the key it replaces is one
+(Int64 primary keys).
 
 Shapes follow the Milvus RESTful v2 reference (milvus.io/api-reference/restful)
 and the proxy's REST handler (milvus-io/milvus,
@@ -17,24 +23,21 @@ internal/distributed/proxy/httpserver/handler_v2.go).
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import orjson
 
-from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
-from sidecar.formats._common import (
-    check_fields,
-    kept_in_order,
+from sidecar.core.hits import Route, RouteKind
+from sidecar.formats.base import (
+    MalformedBody,
+    ResponseAdapter,
+    id_field_option,
     load_object,
-    make_candidate,
-    no_limits,
-    parse_guarded,
-    usable_id,
-    usable_text,
+    text_field_option,
 )
-from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
+from sidecar.formats.body import HitBody, Selection
+from sidecar.formats.hits import Field, HitLayout, Hits
 
 # The primary key field of Milvus' quick-setup collections.
 _DEFAULT_ID_FIELD: Final = "id"
@@ -81,70 +84,40 @@ def _typed_like(old: Any, chunk_id: str) -> Any:
     return chunk_id
 
 
-@dataclass(frozen=True, slots=True)
-class _MilvusBody:
-    """A parsed response; ``_document`` is None for an error passed on untouched."""
+@dataclass(eq=False)
+class _Rows(HitBody):
+    """A response with rows; ``topks`` is recounted per query vector."""
 
-    candidates: Sequence[Candidate]
-    _body: bytes
-    _document: dict[str, Any] | None
-    _topks: tuple[int, ...] | None
-    _text_field: str
-    _id_field: str
+    document: dict[str, Any]
+    topks: tuple[int, ...] | None
 
-    def render(
-        self,
-        keep: Collection[int],
-        limits: Sequence[int | None] | None = None,
-        replacements: Mapping[int, Replacement] | None = None,
-    ) -> bytes:
-        """Serialise the body with only the rows whose position is in ``keep``.
+    def _rebuild(self, selection: Selection) -> dict[str, Any]:
+        document = {**self.document, "data": selection.sent(self.document["data"], 0)}
+        if self.topks is not None:
+            counts: list[int] = []
+            start = 0
+            for topk in self.topks:
+                counts.append(len(selection.kept(range(start, start + topk))))
+                start += topk
+            document["topks"] = counts
+        return document
 
-        ``topks`` is recounted per query vector. A replaced row gets the
-        substitute's text and id (the ``id_field`` value, a number when the
-        key is an Int64) and a ``retrieval_gate_substituted_for`` field; see
-        ``ParsedBody.render``.
-        """
-        no_limits(limits)
-        if self._document is None:
-            return self._body
-        rows = self._document["data"]
-        kept = kept_in_order(range(len(rows)), frozenset(keep))
-        substitutes = replacements or {}
-        document = {
-            **self._document,
-            "data": [self._row(rows[position], substitutes.get(position)) for position in kept],
-        }
-        if self._topks is not None:
-            document["topks"] = self._kept_topks(frozenset(kept))
-        return orjson.dumps(document)
 
-    def released_positions(
-        self, keep: Collection[int], limits: Sequence[int | None] | None = None
-    ) -> list[int]:
-        """The positions ``render`` sends, in body order: every kept one."""
-        no_limits(limits)
-        return kept_in_order(range(len(self.candidates)), frozenset(keep))
+@dataclass(eq=False)
+class _Untouched(HitBody):
+    """An error envelope: no rows, sent exactly as it came."""
 
-    def _kept_topks(self, kept: frozenset[int]) -> list[int]:
-        counts: list[int] = []
-        start = 0
-        for topk in self._topks or ():
-            counts.append(sum(position in kept for position in range(start, start + topk)))
-            start += topk
-        return counts
+    body: bytes
 
-    def _row(self, row: dict[str, Any], replacement: Replacement | None) -> dict[str, Any]:
-        if replacement is None:
-            return row
-        old_id = row.get(self._id_field)
-        substitute = dict(row)
-        substitute[self._text_field] = replacement.text
-        # Rows are the only free-form object of a hit (dynamic fields are
-        # flattened into them), so the marker sits next to the output fields.
-        substitute[SUBSTITUTED_FOR] = old_id
-        substitute[self._id_field] = _typed_like(old_id, replacement.chunk_id)
-        return substitute
+    def _rebuild(self, selection: Selection) -> orjson.Fragment:
+        return orjson.Fragment(self.body)
+
+
+class _Loaded(NamedTuple):
+    """A decoded body and its bytes, which an error envelope is passed on as."""
+
+    document: dict[str, Any]
+    body: bytes
 
 
 def _topks(value: Any, rows: int) -> tuple[int, ...]:
@@ -158,26 +131,28 @@ def _topks(value: Any, rows: int) -> tuple[int, ...]:
     return tuple(value)
 
 
-class MilvusFormat:
+class MilvusFormat(ResponseAdapter[str]):
     """Adapter for the Milvus RESTful API v2.
 
-    The chunk id is the output field ``id_field`` (default ``"id"``: name the
-    collection's primary key field, or any output field holding chunk ids);
-    the chunk text is the output field ``text_field``. Requests must list both
-    in ``outputFields`` (queries and gets return all fields by default).
+    ``id_field`` defaults to ``"id"``: name the collection's primary key
+    field, or any output field holding chunk ids. Requests must list both
+    fields in ``outputFields`` (queries and gets return all fields by default).
     """
 
-    def __init__(self, *, text_field: str = "text", id_field: str | None = None) -> None:
-        check_fields(text_field, id_field)
-        if (id_field or _DEFAULT_ID_FIELD) == text_field:
-            raise ValueError("id_field must differ from text_field")
-        self.text_field = text_field
-        self.id_field = id_field or _DEFAULT_ID_FIELD
+    name = "milvus"
 
-    @property
-    def name(self) -> str:
-        """Short stable name, used as the ``format`` metric label."""
-        return "milvus"
+    def __init__(self, *, text_field: str = "text", id_field: str | None = None) -> None:
+        self.text_field = text_field_option(text_field)
+        self.id_field = id_field_option(id_field) or _DEFAULT_ID_FIELD
+        if self.id_field == self.text_field:
+            raise ValueError("id_field must differ from text_field")
+        self._layout = HitLayout(
+            "row",
+            Field((self.id_field,), f"field {self.id_field!r}"),
+            Field((self.text_field,), f"field {self.text_field!r}"),
+            (),
+            _typed_like,
+        )
 
     def route_kind(self, route: Route) -> RouteKind | None:
         """What ``route`` does in Milvus' REST APIs; None for other paths.
@@ -207,42 +182,34 @@ class MilvusFormat:
                 return RouteKind.READ if tuple(rest) in _V1_READS else RouteKind.WRITE
         return None
 
-    def parse(self, body: bytes, route: Route) -> ParsedBody:
-        """Parse a response body; raise MalformedBody if it is not one.
-
-        An error envelope (non-zero ``code``, no rows) parses to a body
-        without candidates that renders as the original bytes. Raises
-        ValueError if ``route`` is not one this format filters.
-        """
+    def _shape(self, route: Route) -> str | None:
+        """The action of a FILTERED route (search, query ...); None for others."""
         if self.route_kind(route) is not RouteKind.FILTERED:
-            raise ValueError("route is not handled by the milvus format")
-        return parse_guarded(self.name, lambda: self._parse(body))
+            return None
+        return _segments(route)[-1]
 
-    def _parse(self, body: bytes) -> _MilvusBody:
-        document = load_object(body)
-        code = document.get("code")
+    def _load(self, body: bytes, shape: str) -> _Loaded:
+        return _Loaded(load_object(body), body)
+
+    def _read(self, document: _Loaded, shape: str) -> HitBody:
+        """An error envelope (non-zero ``code``, no rows) parses to a body without
+        candidates that renders as the original bytes."""
+        envelope = document.document
+        code = envelope.get("code")
         if isinstance(code, bool) or not isinstance(code, int):
             raise MalformedBody("no integer 'code' in body")
-        rows = document.get("data")
+        rows = envelope.get("data")
+        hits = Hits(self._layout)
         if code != 0 and rows in (None, [], {}):
-            return _MilvusBody((), body, None, None, self.text_field, self.id_field)
+            return _Untouched(hits, document.body)
         if code not in _SUCCESS:
             raise MalformedBody("an error code in a body with rows")
-        if "aggTopks" in document:
+        if "aggTopks" in envelope:
             # Search aggregation nests hits in buckets: a shape not read here.
             raise MalformedBody("search aggregation results are not supported")
         if not isinstance(rows, list):
             raise MalformedBody("'data' is not a list of rows")
         # A null topks (Go's nil slice) says nothing to keep consistent.
-        topks = None if document.get("topks") is None else _topks(document["topks"], len(rows))
-        candidates = tuple(self._candidate(position, row) for position, row in enumerate(rows))
-        return _MilvusBody(candidates, body, document, topks, self.text_field, self.id_field)
-
-    # Problems name the field, never its value: they end up in audit records.
-
-    def _candidate(self, position: int, row: Any) -> Candidate:
-        if not isinstance(row, dict):
-            raise MalformedBody("a row is not a JSON object")
-        chunk_id = usable_id(row.get(self.id_field), f"field {self.id_field!r}")
-        text = usable_text(row.get(self.text_field), f"field {self.text_field!r}")
-        return make_candidate(position, chunk_id, text)
+        topks = None if envelope.get("topks") is None else _topks(envelope["topks"], len(rows))
+        hits.add_list(rows, "'data' is not a list of rows")
+        return _Rows(hits, envelope, topks)

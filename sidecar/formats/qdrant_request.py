@@ -30,15 +30,13 @@ follow Qdrant's REST API (OpenAPI spec, and the server's request structs):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from decimal import Decimal
 from typing import Any, Final
 
-import orjson
-
-from sidecar.formats.base import MalformedRequest, RequestRewrite
+from sidecar.core.hits import Route
+from sidecar.formats.base import MalformedRequest
+from sidecar.formats.rewriter import SearchRewriter
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +58,7 @@ _GROUPS: Final = _Endpoint(limit_fields=("limit",))
 _QUERY: Final = _Endpoint(limit_fields=("limit",), default_limit=10, has_prefetch=True)
 
 # Keyed by the path after /collections/{c}/points, for POST.
-ENDPOINTS: Final[Mapping[str, _Endpoint]] = {
+_ENDPOINTS: Final[Mapping[str, _Endpoint]] = {
     "search": _SEARCH,
     "search/batch": replace(_SEARCH, batch=True),
     "search/groups": _GROUPS,
@@ -76,92 +74,65 @@ ENDPOINTS: Final[Mapping[str, _Endpoint]] = {
 }
 
 
-def rewrite(
-    body: bytes,
-    endpoint_name: str,
-    *,
-    tenant: str,
-    tenant_key: str | None,
-    overfetch_factor: float,
-    overfetch_cap: int,
-) -> RequestRewrite:
-    """Rewrite a request body for the POST endpoint ``endpoint_name``.
+def points_path(route: Route) -> list[str] | None:
+    """The path segments after ``/collections/{c}/points``; None for other paths."""
+    match route.path.removesuffix("/").split("/"):
+        case ["", "collections", collection, "points", *rest] if collection and all(rest):
+            return rest
+    return None
 
-    See ``RequestRewriter.rewrite_request``. Endpoints outside ``ENDPOINTS``
-    (retrieve by ids) and requests with nothing to apply come back unchanged.
-    Raises ValueError if ``overfetch_factor`` is not finite (a configuration
-    error, not the client's).
+
+def post_endpoint(route: Route) -> str | None:
+    """The endpoint name of a POST under ``/collections/{c}/points`` ("search", ...)."""
+    rest = points_path(route)
+    if rest is None or route.method.upper() != "POST":
+        return None
+    return "/".join(rest)
+
+
+class QdrantRequests(SearchRewriter[_Endpoint]):
+    """Rewrites the search, query, recommend, discover and scroll requests of Qdrant's REST API.
+
+    Retrieving points by id takes no filter, so its requests are not read.
     """
-    if not math.isfinite(overfetch_factor):
-        raise ValueError("overfetch_factor is not a finite number")
-    endpoint = ENDPOINTS.get(endpoint_name)
-    overfetch = endpoint is not None and bool(endpoint.limit_fields) and overfetch_factor > 1
-    if endpoint is None or (tenant_key is None and not overfetch):
-        return RequestRewrite(body, (), tenant_filter=False, overfetched=False)
-    # The factor as configured (1.1, not 1.100000000000000088...), so that
-    # rounding up does not add a hit: 10 * 1.1 is 11.
-    factor = Decimal(repr(overfetch_factor)) if overfetch else None
 
-    document = _load(body)
-    condition = None if tenant_key is None else {"key": tenant_key, "match": {"value": tenant}}
-    limits: list[int | None] = []
-    for request in _sub_requests(document, endpoint):
-        if condition is not None:
-            _push_down(request, condition, endpoint)
-        limits.append(
-            None if factor is None else _overfetch(request, endpoint, factor, overfetch_cap)
+    def _request_endpoint(self, route: Route) -> _Endpoint | None:
+        name = post_endpoint(route)
+        return None if name is None else _ENDPOINTS.get(name)
+
+    def _sub_requests(self, document: dict[str, Any], endpoint: _Endpoint) -> list[dict[str, Any]]:
+        if not endpoint.batch:
+            return [document]
+        searches = document.get("searches")
+        if not isinstance(searches, list):
+            raise MalformedRequest("'searches' is not a list")
+        if not all(isinstance(request, dict) for request in searches):
+            raise MalformedRequest("a batch request is not a JSON object")
+        return searches
+
+    def _push_down(
+        self, request: dict[str, Any], endpoint: _Endpoint, tenant_key: str, tenant: str
+    ) -> None:
+        condition = {"key": tenant_key, "match": {"value": tenant}}
+        _add_condition(request, condition)
+        if endpoint.has_prefetch:
+            for prefetch in _prefetches(request):
+                _add_condition(prefetch, condition)
+
+    def _overfetches(self, endpoint: _Endpoint) -> bool:
+        return bool(endpoint.limit_fields)
+
+    def _limit(self, request: dict[str, Any], endpoint: _Endpoint) -> tuple[str, Any] | None:
+        if request.get("offset") not in (None, 0):
+            return None
+        field = next(
+            (name for name in endpoint.limit_fields if request.get(name) is not None),
+            endpoint.limit_fields[0],
         )
-
-    overfetched = any(limit is not None for limit in limits)
-    return RequestRewrite(
-        _dump(document),
-        tuple(limits) if overfetched else (),
-        tenant_filter=condition is not None,
-        overfetched=overfetched,
-    )
-
-
-def _load(body: bytes) -> dict[str, Any]:
-    try:
-        document = orjson.loads(body)
-        readable = True
-    except orjson.JSONDecodeError:
-        readable = False
-    # Raised outside the handler so that nothing is chained: a decode error's
-    # .doc attribute holds the whole body.
-    if not readable:
-        raise MalformedRequest("request body is not valid UTF-8 JSON")
-    if not isinstance(document, dict):
-        raise MalformedRequest("request body is not a JSON object")
-    return document
-
-
-def _dump(document: dict[str, Any]) -> bytes:
-    try:
-        return orjson.dumps(document)
-    except orjson.JSONEncodeError:
-        # Only nesting past orjson's depth limit gets here; Qdrant refuses
-        # requests that deep itself.
-        pass
-    raise MalformedRequest("request body is nested too deeply")
-
-
-def _sub_requests(document: dict[str, Any], endpoint: _Endpoint) -> list[dict[str, Any]]:
-    if not endpoint.batch:
-        return [document]
-    searches = document.get("searches")
-    if not isinstance(searches, list):
-        raise MalformedRequest("'searches' is not a list")
-    if not all(isinstance(request, dict) for request in searches):
-        raise MalformedRequest("a batch request is not a JSON object")
-    return searches
-
-
-def _push_down(request: dict[str, Any], condition: dict[str, Any], endpoint: _Endpoint) -> None:
-    _add_condition(request, condition)
-    if endpoint.has_prefetch:
-        for prefetch in _prefetches(request):
-            _add_condition(prefetch, condition)
+        asked = request.get(field)
+        if asked is None:
+            asked = endpoint.default_limit
+        return None if asked is None else (field, asked)
 
 
 def _add_condition(request: dict[str, Any], condition: dict[str, Any]) -> None:
@@ -190,27 +161,3 @@ def _prefetches(request: dict[str, Any]) -> Iterator[dict[str, Any]]:
                 raise MalformedRequest("a prefetch is not a JSON object")
             yield prefetch
             pending.append(prefetch)
-
-
-def _overfetch(
-    request: dict[str, Any], endpoint: _Endpoint, factor: Decimal, cap: int
-) -> int | None:
-    """Raise the limit of ``request`` in place; return the app's limit, or None if unchanged."""
-    if request.get("offset") not in (None, 0):
-        return None
-    field = next(
-        (name for name in endpoint.limit_fields if request.get(name) is not None),
-        endpoint.limit_fields[0],
-    )
-    asked = request.get(field)
-    if asked is None:
-        asked = endpoint.default_limit
-        if asked is None:
-            return None
-    if isinstance(asked, bool) or not isinstance(asked, int) or asked < 0:
-        raise MalformedRequest(f"{field!r} is not a non-negative integer")
-    raised = min(cap, math.ceil(factor * asked))
-    if raised <= asked:
-        return None
-    request[field] = raised
-    return asked

@@ -121,16 +121,18 @@ def build_format_table(
     ``options`` maps a format name to its options: a built-in name configures
     (or, with ``enabled = false``, removes) that adapter; any other name is a
     generic adapter and needs ``adapter = "generic"``. ``text_field`` and
-    ``id_field`` are the defaults for every adapter. Raises ValueError naming
-    the format and the option that is wrong.
+    ``id_field`` are the defaults for the adapters that take them. An adapter
+    takes only the options it uses: any other is refused. Raises ValueError
+    naming the format and the option that is wrong.
     """
+    defaults = {"text_field": text_field, "id_field": id_field}
     generic: list[ResponseFormat] = []
     built_in: dict[str, ResponseFormat] = {}
     for name, factory in BUILT_IN.items():
         table = dict(options.get(name, {}))
         if not _enabled(name, table):
             continue
-        built_in[name] = _make(name, factory, table, text_field, id_field)
+        built_in[name] = _make(name, factory, table, defaults)
     for name, custom in options.items():
         if name in BUILT_IN:
             continue
@@ -143,7 +145,7 @@ def build_format_table(
             )
         if not _enabled(name, table):
             continue
-        generic.append(_make(name, GenericFormat, {"name": name, **table}, text_field, id_field))
+        generic.append(_make(name, GenericFormat, {"name": name, **table}, defaults))
     return FormatTable([*generic, *built_in.values()], pinned)
 
 
@@ -158,16 +160,16 @@ def _make(
     name: str,
     factory: Callable[..., ResponseFormat],
     table: Mapping[str, Any],
-    text_field: str,
-    id_field: str | None,
+    defaults: Mapping[str, Any],
 ) -> ResponseFormat:
-    arguments = {"text_field": text_field, "id_field": id_field, **table}
+    """The adapter, given the defaults of the options it takes and its own table."""
+    known = _parameters(factory)
+    arguments = {**{k: v for k, v in defaults.items() if k in known}, **table}
     try:
         return factory(**arguments)
     except TypeError as exc:
         # An unknown keyword: name the option, not Python's message.
-        known = set(_parameters(factory))
-        unknown = sorted(set(arguments) - known)
+        unknown = sorted(set(arguments) - set(known))
         problem = f"unknown option {unknown[0]!r}" if unknown else str(exc)
         raise ValueError(f"formats.{name}: {problem}") from None
     except ValueError as exc:

@@ -48,23 +48,22 @@ mutated, so ``render`` may be called any number of times.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
 
-from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
-from sidecar.formats._common import (
-    check_fields,
+from sidecar.core.hits import Replacement, Route, RouteKind
+from sidecar.formats.base import (
+    MalformedBody,
+    ResponseAdapter,
+    Unreleasable,
+    id_field_option,
     load_object,
-    make_candidate,
-    no_limits,
-    parse_guarded,
-    usable_id,
-    usable_text,
+    text_field_option,
 )
-from sidecar.formats.base import MalformedBody, ParsedBody, Unreleasable
+from sidecar.formats.body import HitBody, Selection
+from sidecar.formats.hits import Field, HitLayout, Hits
 
 GENERATIVE_MODES: Final = ("strip", "block")
 
@@ -133,12 +132,10 @@ class _Response:
 
 
 class _Parser:
-    """Validates a body, numbers its objects in document order and makes their Candidates."""
+    """Validates a body and numbers its objects in document order."""
 
-    def __init__(self, text_field: str, id_field: str | None) -> None:
-        self.candidates: list[Candidate] = []
-        self._text_field = text_field
-        self._id_field = id_field
+    def __init__(self, hits: Hits) -> None:
+        self._hits = hits
 
     def response(self, value: Any) -> _Response:
         if not isinstance(value, dict):
@@ -185,7 +182,7 @@ class _Parser:
             raise MalformedBody("'_additional.group' is not a JSON object")
         # A group object is its first member: check it when it carries any of it.
         carries = group is None or _carries_more_than_its_group(value)
-        parsed = _Object(self._add(value) if carries else None, value)
+        parsed = _Object(self._hits.add(value) if carries else None, value)
         # In key order, so that positions follow the document.
         for key, item in value.items():
             if key == "_additional":
@@ -194,18 +191,6 @@ class _Parser:
             elif (objects := _objects_in(item)) is not None:
                 parsed.references[key] = [self._object(entry) for entry in objects]
         return parsed
-
-    def _add(self, value: dict[str, Any]) -> int:
-        position = len(self.candidates)
-        # Labels name the field, never its value: they end up in audit records.
-        if self._id_field is None:
-            additional = value.get("_additional") or {}
-            chunk_id = usable_id(additional.get("id"), "_additional.id")
-        else:
-            chunk_id = usable_id(value.get(self._id_field), f"property {self._id_field!r}")
-        text = usable_text(value.get(self._text_field), f"property {self._text_field!r}")
-        self.candidates.append(make_candidate(position, chunk_id, text))
-        return position
 
 
 def _carries_more_than_its_group(value: dict[str, Any]) -> bool:
@@ -233,23 +218,29 @@ def _objects_in(value: Any) -> list[Any] | None:
     return value
 
 
-class _Selection:
-    """Which positions are kept, their substitutes, and what was released."""
+class _Renderer:
+    """Renders GraphQL responses for one selection."""
 
-    def __init__(
-        self,
-        keep: Collection[int],
-        replacements: Mapping[int, Replacement],
-        text_field: str,
-        id_field: str | None,
-        block_generated: bool,
-    ) -> None:
-        self.keep = frozenset(keep)
-        self.replacements = replacements
-        self.released: list[int] = []
-        self._text_field = text_field
-        self._id_field = id_field
+    def __init__(self, selection: Selection, block_generated: bool) -> None:
+        self._selection = selection
         self._block_generated = block_generated
+
+    def response(self, response: _Response) -> dict[str, Any]:
+        """One GraphQL response with only what may be released."""
+        envelope = response.envelope
+        if not response.classes and not response.withheld:
+            return envelope
+        data = dict(envelope["data"])
+        if response.classes:
+            data["Get"] = {
+                **data["Get"],
+                **{key: self.class_result(objects) for key, objects in response.classes.items()},
+            }
+        if not response.withheld:
+            return {**envelope, "data": data}
+        data.update(dict.fromkeys(response.withheld))
+        errors = [*(envelope.get("errors") or []), *map(_withheld_field, response.withheld)]
+        return {**envelope, "data": data, "errors": errors}
 
     def class_result(self, objects: list[_Object]) -> list[dict[str, Any]]:
         """A Get class result with only what may be released."""
@@ -274,40 +265,18 @@ class _Selection:
             if group is None:
                 return None
         position = parsed.position
-        if position is not None and position not in self.keep:
+        if position is not None and position not in self._selection:
             # Only a group object survives a rejection, as its group alone.
             return None if group is None else _redacted(parsed.value, group)
-        if position is not None:
-            self.released.append(position)
-        value = parsed.value
-        replacement = None if position is None else self.replacements.get(position)
-        if replacement is None and group is None and not parsed.references:
+        value = parsed.value if position is None else self._selection.send(position, parsed.value)
+        if group is None and not parsed.references:
             return value
         out = dict(value)
         if group is not None:
             out["_additional"] = {**value["_additional"], "group": group}
         for key, references in parsed.references.items():
             out[key] = [ref for ref in map(self._object, references) if ref is not None]
-        if replacement is not None:
-            self._substitute(out, replacement)
         return out
-
-    def _substitute(self, out: dict[str, Any], replacement: Replacement) -> None:
-        out[self._text_field] = replacement.text
-        if self._id_field is not None:
-            out[self._id_field] = replacement.chunk_id
-        else:
-            out["_additional"] = {**out["_additional"], "id": replacement.chunk_id}
-        generate = _generate_of(out)
-        if generate is not None and _generated_single(generate):
-            # Generated from the text that was just replaced.
-            self._refuse_generated()
-            withheld = dict(generate)
-            for key in ("singleResult", "debug"):
-                if key in withheld:
-                    withheld[key] = None
-            withheld["error"] = GENERATIVE_WITHHELD
-            out["_additional"] = {**out["_additional"], "generate": withheld}
 
     def _group(self, group: _Group) -> dict[str, Any] | None:
         kept = [(hit, value) for hit in group.hits if (value := self._object(hit)) is not None]
@@ -339,14 +308,19 @@ class _Selection:
             return
         removed = any(
             value is None
-            or (parsed.position is not None and parsed.position not in self.keep)
-            or parsed.position in self.replacements
+            or (
+                parsed.position is not None
+                and (
+                    parsed.position not in self._selection
+                    or self._selection.replaced(parsed.position)
+                )
+            )
             for parsed, value in zip(objects, rendered, strict=True)
         )
         if not removed:
             return
         if first["groupedResult"] is not None:
-            self._refuse_generated()
+            _refuse_generated(self._block_generated)
         carrier = next((i for i, value in enumerate(rendered) if value is not None), None)
         if carrier is None:
             return
@@ -363,12 +337,13 @@ class _Selection:
         additional = value.get("_additional") or {}
         rendered[carrier] = {**value, "_additional": {**additional, "generate": generate}}
 
-    def _refuse_generated(self) -> None:
-        if self._block_generated:
-            raise Unreleasable(
-                "generated_from_rejected_chunks",
-                "the response carries text generated from objects the gate removed",
-            )
+
+def _refuse_generated(block: bool) -> None:
+    if block:
+        raise Unreleasable(
+            "generated_from_rejected_chunks",
+            "the response carries text generated from objects the gate removed",
+        )
 
 
 def _redacted(value: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
@@ -406,76 +381,36 @@ def _distance(value: dict[str, Any]) -> float | None:
     return distance
 
 
-@dataclass(frozen=True, slots=True)
-class _WeaviateBody:
-    candidates: Sequence[Candidate]
-    _responses: tuple[_Response, ...]
-    _batch: bool
-    _text_field: str
-    _id_field: str | None
-    _block_generated: bool
+@dataclass(eq=False)
+class _WeaviateBody(HitBody):
+    """Raises Unreleasable when ``generative="block"`` and generated text would
+    outlive a removed or replaced object."""
 
-    def render(
-        self,
-        keep: Collection[int],
-        limits: Sequence[int | None] | None = None,
-        replacements: Mapping[int, Replacement] | None = None,
-    ) -> bytes:
-        """Serialise the body with only the objects whose position is in ``keep``.
+    responses: tuple[_Response, ...]
+    batch: bool
+    block_generated: bool
 
-        See the module docstring for what happens to groups, references,
-        generated text and other root fields. A replaced hit gets the
-        substitute's text and id (``_additional.id``, or ``id_field``). Raises
-        Unreleasable when ``generative="block"`` and generated text would
-        outlive a removed object.
-        """
-        no_limits(limits)
-        selection = self._selection(keep, replacements)
-        rendered = [self._response(response, selection) for response in self._responses]
-        return orjson.dumps(rendered if self._batch else rendered[0])
+    def _rebuild(self, selection: Selection) -> Any:
+        renderer = _Renderer(selection, self.block_generated)
+        rendered = [renderer.response(response) for response in self.responses]
+        return rendered if self.batch else rendered[0]
 
-    def released_positions(
-        self, keep: Collection[int], limits: Sequence[int | None] | None = None
-    ) -> list[int]:
-        """The positions ``render`` sends, in body order.
-
-        Kept objects nested in a removed one (its references, its group's
-        hits) are not sent.
-        """
-        no_limits(limits)
-        selection = self._selection(keep, None)
-        for response in self._responses:
-            self._response(response, selection)
-        return sorted(selection.released)
-
-    def _selection(
-        self, keep: Collection[int], replacements: Mapping[int, Replacement] | None
-    ) -> _Selection:
-        return _Selection(
-            keep, replacements or {}, self._text_field, self._id_field, self._block_generated
-        )
-
-    def _response(self, response: _Response, selection: _Selection) -> dict[str, Any]:
-        envelope = response.envelope
-        if not response.classes and not response.withheld:
-            return envelope
-        data = dict(envelope["data"])
-        if response.classes:
-            data["Get"] = {
-                **data["Get"],
-                **{
-                    key: selection.class_result(objects)
-                    for key, objects in response.classes.items()
-                },
-            }
-        if not response.withheld:
-            return {**envelope, "data": data}
-        data.update(dict.fromkeys(response.withheld))
-        errors = [*(envelope.get("errors") or []), *map(_withheld_field, response.withheld)]
-        return {**envelope, "data": data, "errors": errors}
+    def _substituted(self, hit: Any, replacement: Replacement) -> dict[str, Any]:
+        out = self._layout.substituted(hit, replacement)
+        generate = _generate_of(out)
+        if generate is not None and _generated_single(generate):
+            # Generated from the text that was just replaced.
+            _refuse_generated(self.block_generated)
+            withheld = dict(generate)
+            for key in ("singleResult", "debug"):
+                if key in withheld:
+                    withheld[key] = None
+            withheld["error"] = GENERATIVE_WITHHELD
+            out["_additional"] = {**out["_additional"], "generate": withheld}
+        return out
 
 
-class WeaviateFormat:
+class WeaviateFormat(ResponseAdapter[bool]):
     """Adapter for Weaviate's GraphQL search responses (``/v1/graphql`` and its batch).
 
     The chunk id is the object UUID (``_additional.id``), or the property
@@ -484,20 +419,22 @@ class WeaviateFormat:
     the gate removed: "strip" clears it, "block" refuses the response.
     """
 
+    name = "weaviate"
+
     def __init__(
         self, *, text_field: str = "text", id_field: str | None = None, generative: str = "strip"
     ) -> None:
-        check_fields(text_field, id_field)
+        self.text_field = text_field_option(text_field)
+        self.id_field = id_field_option(id_field)
         if generative not in GENERATIVE_MODES:
             raise ValueError(f"generative must be one of {', '.join(GENERATIVE_MODES)}")
-        self.text_field = text_field
-        self.id_field = id_field
         self.generative = generative
-
-    @property
-    def name(self) -> str:
-        """Short stable name, used as the ``format`` metric label."""
-        return "weaviate"
+        if self.id_field is None:
+            chunk_id = Field(("_additional", "id"), "_additional.id")
+        else:
+            chunk_id = Field((self.id_field,), f"property {self.id_field!r}")
+        text = Field((self.text_field,), f"property {self.text_field!r}")
+        self._layout = HitLayout("result object", chunk_id, text, None)
 
     def route_kind(self, route: Route) -> RouteKind | None:
         """What a route under ``/v1`` does; None for paths outside Weaviate's API.
@@ -538,30 +475,25 @@ class WeaviateFormat:
             return RouteKind.WRITE
         return None
 
-    def parse(self, body: bytes, route: Route) -> ParsedBody:
-        """Parse a successful response body; raise MalformedBody if it is not one.
-
-        Raises ValueError if ``route`` is not one this format filters.
-        """
+    def _shape(self, route: Route) -> bool | None:
+        """Whether the route is the batch endpoint; None for routes not filtered."""
         if self.route_kind(route) is not RouteKind.FILTERED:
-            raise ValueError("route is not filtered by the weaviate format")
-        batch = route.path.removesuffix("/").endswith("/batch")
-        return parse_guarded(self.name, lambda: self._parse(body, batch))
+            return None
+        return route.path.removesuffix("/").endswith("/batch")
 
-    def _parse(self, body: bytes, batch: bool) -> _WeaviateBody:
-        parser = _Parser(self.text_field, self.id_field)
-        if batch:
-            document = orjson.loads(body)
-            if not isinstance(document, list):
-                raise MalformedBody("a GraphQL batch response is not a JSON list")
+    def _load(self, body: bytes, shape: bool) -> Any:
+        if not shape:
+            return load_object(body)
+        document = orjson.loads(body)
+        if not isinstance(document, list):
+            raise MalformedBody("a GraphQL batch response is not a JSON list")
+        return document
+
+    def _read(self, document: Any, shape: bool) -> _WeaviateBody:
+        hits = Hits(self._layout)
+        parser = _Parser(hits)
+        if shape:
             responses = tuple(parser.response(item) for item in document)
         else:
-            responses = (parser.response(load_object(body)),)
-        return _WeaviateBody(
-            tuple(parser.candidates),
-            responses,
-            batch,
-            self.text_field,
-            self.id_field,
-            self.generative == "block",
-        )
+            responses = (parser.response(document),)
+        return _WeaviateBody(hits, responses, shape, self.generative == "block")
