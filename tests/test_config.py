@@ -115,3 +115,19 @@ def test_identity_and_route_settings_are_checked(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         load_settings(None, overrides)
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("[formats.qdrant]\nbogus_option = 1\n", "formats.qdrant: unknown option 'bogus_option'"),
+        ('[formats.weaviate]\ngenerative = "maybe"\n', "formats.weaviate: generative"),
+        ('[formats.qdrant]\nenabled = "yes"\n', "option 'enabled' must be true or false"),
+        ('formats = "qdrant"\n', "setting 'formats': must be a table"),
+    ],
+)
+def test_bad_format_options_are_named(tmp_path: Path, table: str, message: str) -> None:
+    config = tmp_path / "gate.toml"
+    config.write_text('identity = "trusted-headers"\n' + table)
+    with pytest.raises(ConfigError, match=message):
+        load_settings(config)

@@ -8,13 +8,18 @@ from pathlib import Path
 
 import psycopg
 
-from sidecar.audit.jsonl import ChainReport, verify_chain
-from sidecar.audit.postgres import verify_postgres_chain
+from sidecar.audit.verify import ChainReport, verify_chain, verify_postgres_chain
+from sidecar.cli.exit_codes import ExitCode
 from sidecar.postgres.dsn import parse_postgres_url
 
-EXIT_INTACT = 0
-EXIT_BROKEN = 1
-EXIT_USAGE = 2
+
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``audit`` and its subcommands to the top-level ``commands``."""
+    audit = commands.add_parser("audit", help="audit log tools")
+    audit_commands = audit.add_subparsers(dest="audit_command", required=True)
+    verifying = audit_commands.add_parser("verify", help="check the hash chain of an audit log")
+    add_verify_arguments(verifying)
+    verifying.set_defaults(func=verify)
 
 
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,10 +60,10 @@ def verify(args: argparse.Namespace) -> int:
             f"{type(exc).__name__}: {url.scrub(str(exc).strip())}",
             file=sys.stderr,
         )
-        return EXIT_BROKEN
+        return ExitCode.FAILED
     if not reports:
         print("ok: no audit chains in the table")
-        return EXIT_INTACT
+        return ExitCode.OK
     return _print_reports(reports)
 
 
@@ -76,9 +81,9 @@ def _print_reports(reports: list[ChainReport]) -> int:
                 f"BROKEN{name} after {report.records} good records: {report.problem}",
                 file=sys.stderr,
             )
-    return EXIT_INTACT if all(report.ok for report in reports) else EXIT_BROKEN
+    return ExitCode.OK if all(report.ok for report in reports) else ExitCode.FAILED
 
 
 def _usage(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
-    return EXIT_USAGE
+    return ExitCode.CANNOT_RUN

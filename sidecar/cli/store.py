@@ -15,6 +15,7 @@ from pathlib import Path
 
 import orjson
 
+from sidecar.cli.exit_codes import ExitCode
 from sidecar.core.record import Status
 from sidecar.store import postgres
 from sidecar.store.loader import RecordsInvalid, load_jsonl, quote_for_message, record_to_json
@@ -22,10 +23,6 @@ from sidecar.store.open import is_postgres_url, open_store
 from sidecar.store.schema import latest_version
 from sidecar.store.sqlite import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from sidecar.store.store import LifecycleError, MetadataStore, StoreUnavailable
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_URL = 2
 
 
 def load(args: argparse.Namespace) -> int:
@@ -40,7 +37,7 @@ def load(args: argparse.Namespace) -> int:
     def upsert(store: MetadataStore) -> int:
         count = store.upsert(records)
         print(f"loaded {count} records from {args.file}")
-        return EXIT_OK
+        return ExitCode.OK
 
     return _with_store(args.store, upsert, failure="nothing loaded: ")
 
@@ -55,19 +52,19 @@ def migrate(args: argparse.Namespace) -> int:
 
         def report(store: MetadataStore) -> int:
             print(f"SQLite schema is at version {SQLITE_SCHEMA_VERSION}")
-            return EXIT_OK
+            return ExitCode.OK
 
         return _with_store(args.store, report)
     try:
         applied = postgres.migrate(args.store)
     except ValueError as exc:
-        return _fail(str(exc), EXIT_BAD_URL)
+        return _fail(str(exc), ExitCode.CANNOT_RUN)
     except StoreUnavailable as exc:
         return _fail(str(exc))
     for migration in applied:
         print(f"applied migration {migration.version:04d} {migration.name}")
     print(f"PostgreSQL schema is at version {latest_version()}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def revoke(args: argparse.Namespace) -> int:
@@ -99,9 +96,15 @@ def show(args: argparse.Namespace) -> int:
         shown = record_to_json(record, with_text=args.with_text)
         shown["signature_valid"] = record.signature_valid
         print(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode())
-        return EXIT_OK
+        return ExitCode.OK
 
     return _with_store(args.store, print_record)
+
+
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``store`` and its subcommands to the top-level ``commands``."""
+    store = commands.add_parser("store", help="manage the metadata store")
+    add_store_parsers(store.add_subparsers(dest="store_command", required=True))
 
 
 def add_store_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -145,7 +148,7 @@ def _set_status(
         if record.superseded_by is not None:
             done += f", superseded by {quote_for_message(record.superseded_by)}"
         print(done)
-        return EXIT_OK
+        return ExitCode.OK
 
     return _with_store(url, change, failure="nothing changed: ")
 
@@ -156,7 +159,7 @@ def _with_store(url: str, action: Callable[[MetadataStore], int], *, failure: st
     except StoreUnavailable as exc:
         return _fail(str(exc))
     except ValueError as exc:
-        return _fail(str(exc), EXIT_BAD_URL)
+        return _fail(str(exc), ExitCode.CANNOT_RUN)
     try:
         return action(store)
     except (LifecycleError, ValueError, StoreUnavailable) as exc:
@@ -165,6 +168,6 @@ def _with_store(url: str, action: Callable[[MetadataStore], int], *, failure: st
         store.close()
 
 
-def _fail(message: str, code: int = EXIT_FAILED) -> int:
+def _fail(message: str, code: int = ExitCode.FAILED) -> int:
     print(f"error: {message}", file=sys.stderr)
     return code

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import orjson
 
-from sidecar.audit.jsonl import verify_chain
+from sidecar.audit.verify import verify_chain
 from sidecar.config import IdentityMode, Settings
 from sidecar.core.integrity import canonical_sha256
 from sidecar.demo.upstream import CannedResponse, FixtureUpstream
+from sidecar.runtime.addresses import HostPort
 from sidecar.runtime.bootstrap import Upstream
 from sidecar.runtime.proxy import run_proxy
 from sidecar.store.loader import load_jsonl
@@ -152,7 +153,7 @@ async def run_demo() -> int:
             audit_log=audit_log,
             metrics=f"127.0.0.1:{metrics_port}",
         )
-        listen = ("127.0.0.1", _free_port())
+        listen = HostPort("127.0.0.1", _free_port())
         stop = asyncio.Event()
         ready = asyncio.Event()
         proxy = asyncio.create_task(
@@ -171,9 +172,7 @@ async def run_demo() -> int:
             )
             if not ready.is_set():
                 return await proxy or 1
-            ok = await _exercise(
-                f"http://{listen[0]}:{listen[1]}", upstream, corpus, audit_log, metrics_port
-            )
+            ok = await _exercise(f"http://{listen}", upstream, corpus, audit_log, metrics_port)
         finally:
             stop.set()
             proxy_code = await proxy

@@ -13,21 +13,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from sidecar.config import IdentityMode, Settings
 from sidecar.envoy.ext_proc import IDENTITY_NAMESPACE
 from sidecar.identity.envoy_jwt import JWT_AUTHN_NAMESPACE
+from sidecar.runtime.addresses import UnixSocket, parse_http_url, parse_socket_address
 from sidecar.runtime.jwt_authn import jwks_cluster, jwt_authn_filter
 from sidecar.runtime.workers import worker_addresses
-
-_TYPE = "type.googleapis.com/"
-SIDECAR_CLUSTER = "retrieval_gate_sidecar"
-UPSTREAM_CLUSTER = "vector_db"
 
 
 @dataclass(frozen=True, slots=True)
 class Upstream:
+    """The vector database the proxy's Envoy forwards to."""
+
     host: str
     port: int
     tls: bool
@@ -35,13 +33,20 @@ class Upstream:
     @classmethod
     def parse(cls, url: str) -> Upstream:
         """Parse ``http://host:port`` or ``https://host[:port]``."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"upstream must be http://host:port or https://host:port, got {url!r}")
-        if parts.path not in ("", "/"):
+        try:
+            endpoint = parse_http_url(url)
+        except ValueError:
+            raise ValueError(
+                f"upstream must be http://host:port or https://host:port, got {url!r}"
+            ) from None
+        if endpoint.path not in ("", "/"):
             raise ValueError(f"upstream must not have a path, got {url!r}")
-        tls = parts.scheme == "https"
-        return cls(parts.hostname, parts.port or (443 if tls else 80), tls)
+        return cls(endpoint.host, endpoint.port, endpoint.tls)
+
+
+_TYPE = "type.googleapis.com/"
+SIDECAR_CLUSTER = "retrieval_gate_sidecar"
+UPSTREAM_CLUSTER = "vector_db"
 
 
 def _address(host: str, port: int) -> dict[str, Any]:
@@ -49,10 +54,10 @@ def _address(host: str, port: int) -> dict[str, Any]:
 
 
 def _sidecar_address(grpc_listen: str) -> dict[str, Any]:
-    if grpc_listen.startswith("unix:"):
-        return {"pipe": {"path": grpc_listen.removeprefix("unix:")}}
-    host, _, port = grpc_listen.rpartition(":")
-    return _address(host.strip("[]"), int(port))
+    address = parse_socket_address(grpc_listen)
+    if isinstance(address, UnixSocket):
+        return {"pipe": {"path": address.path}}
+    return _address(address.host, address.port)
 
 
 def _seconds(ms: int) -> str:

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sidecar.runtime.addresses import HostPort, parse_host_port
+
 
 class EnvoyError(RuntimeError):
     """Envoy could not be found, did not start, or exited."""
@@ -42,14 +44,16 @@ def envoy_command(config: Path, admin_address_file: Path, *, concurrency: int = 
     ]
 
 
-def read_admin_address(admin_address_file: Path) -> tuple[str, int] | None:
-    """The admin (host, port) Envoy wrote, or None before it has written it."""
+def read_admin_address(admin_address_file: Path) -> HostPort | None:
+    """The admin address Envoy wrote, or None before it has written it (all of it)."""
     try:
         text = admin_address_file.read_text().strip()
     except FileNotFoundError:
         return None
-    host, sep, port = text.rpartition(":")
-    return (host, int(port)) if sep and port.isdigit() else None
+    try:
+        return parse_host_port(text)
+    except ValueError:
+        return None
 
 
 async def _http_status(host: str, port: int, path: str) -> int:
@@ -73,7 +77,7 @@ class EnvoyProcess:
         self._workdir = workdir
         self._concurrency = concurrency
         self._process: asyncio.subprocess.Process | None = None
-        self.admin: tuple[str, int] | None = None
+        self.admin: HostPort | None = None
 
     @property
     def pid(self) -> int | None:

@@ -18,14 +18,14 @@ import json
 import os
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
-from sidecar.config import Settings
+from sidecar.config import ConfigError, Settings
 from sidecar.identity.envoy_jwt import FAILURE_KEY, JWT_AUTHN_NAMESPACE, PAYLOAD_KEY
-from sidecar.identity.jwt import HmacSecret, PemPublicKey, VerificationKey
+from sidecar.identity.keys import HmacSecret, PemPublicKey, VerificationKey
+from sidecar.runtime.addresses import parse_http_url
 
 PROVIDER = "retrieval_gate"
 JWKS_CLUSTER = "jwks_provider"
@@ -120,9 +120,11 @@ def jwks_cluster(settings: Settings) -> dict[str, Any] | None:
     """The cluster Envoy fetches a remote JWKS through, when the JWKS is a URL."""
     if not _is_url(settings.jwks):
         return None
-    url = urlsplit(str(settings.jwks))
-    tls = url.scheme == "https"
-    address = {"address": url.hostname, "port_value": url.port or (443 if tls else 80)}
+    try:
+        url = parse_http_url(str(settings.jwks))
+    except ValueError as exc:
+        raise ConfigError(f"setting 'jwks': {exc}") from None
+    address = {"address": url.host, "port_value": url.port}
     cluster: dict[str, Any] = {
         "name": JWKS_CLUSTER,
         "type": "STRICT_DNS",
@@ -134,13 +136,13 @@ def jwks_cluster(settings: Settings) -> dict[str, Any] | None:
             ],
         },
     }
-    if tls:
+    if url.tls:
         cluster["transport_socket"] = {
             "name": "envoy.transport_sockets.tls",
             "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3."
                 "UpstreamTlsContext",
-                "sni": url.hostname,
+                "sni": url.host,
             },
         }
     return cluster

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 from sidecar.config import IdentityMode, Settings
+from sidecar.runtime.addresses import HostPort
 from sidecar.runtime.bootstrap import Upstream, build_bootstrap
 from sidecar.runtime.envoy_process import EnvoyProcess
 from sidecar.runtime.jwt_authn import needs_generated_jwks, write_generated_jwks
 from sidecar.runtime.server import Sidecar, SidecarServer
+from sidecar.runtime.signals import StopSignals
 from sidecar.runtime.workers import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -35,16 +35,10 @@ async def run_proxy(
     ``ready`` is set once Envoy reports LIVE and the sidecar is serving.
     With ``private_socket`` Envoy reaches the sidecar over a unix socket in a
     private temporary directory instead of ``settings.grpc_listen``. Returns 0
-    after a requested stop, 1 when Envoy died on its own. Both processes are
-    always stopped before returning.
+    after a requested stop, 1 when Envoy or a sidecar worker died on its own.
+    Both are always stopped before returning.
     """
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signum, stop.set)
-
-    with tempfile.TemporaryDirectory(prefix="retrieval-gate-") as tmp:
+    with StopSignals(stop) as signals, tempfile.TemporaryDirectory(prefix="retrieval-gate-") as tmp:
         workdir = Path(tmp)
         if private_socket:
             settings = replace(settings, grpc_listen=f"unix:{workdir / 'gate.sock'}")
@@ -72,33 +66,18 @@ async def run_proxy(
         try:
             await envoy.start()
             log.info(
-                "proxy ready: http://%s:%d -> %s://%s:%d (envoy pid %s)",
-                *listen,
+                "proxy ready: http://%s -> %s://%s (envoy pid %s)",
+                HostPort(*listen),
                 "https" if upstream.tls else "http",
-                upstream.host,
-                upstream.port,
+                HostPort(upstream.host, upstream.port),
                 envoy.pid,
             )
             if ready is not None:
                 ready.set()
-            stopped = asyncio.ensure_future(stop.wait())
-            exited = asyncio.ensure_future(envoy.wait())
-            watched = {stopped, exited}
+            exits = {"envoy": envoy.wait()}
             if isinstance(server, WorkerPool):
-                watched.add(asyncio.ensure_future(server.wait()))
-            done, pending = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-            for task in pending:
-                task.cancel()
-            if exited in done:
-                log.error("envoy exited with code %s; stopping", exited.result())
-                return 1
-            if stopped not in done:
-                log.error("a sidecar worker exited; stopping")
-                return 1
-            return 0
+                exits["a sidecar worker"] = server.wait()
+            return await signals.wait(exits)
         finally:
             await envoy.stop()
             await server.stop()
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(NotImplementedError, RuntimeError):
-                    loop.remove_signal_handler(signum)

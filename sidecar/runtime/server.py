@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,8 +11,9 @@ import orjson
 from prometheus_client import start_http_server
 
 from sidecar.access import RequestAccess
-from sidecar.audit.jsonl import AuditSink, JsonlAuditSink, NullAuditSink
+from sidecar.audit.jsonl import JsonlAuditSink
 from sidecar.audit.postgres import PostgresAuditSink
+from sidecar.audit.sink import AuditSink, NullAuditSink
 from sidecar.config import ConfigError, IdentityMode, Settings, format_table
 from sidecar.core.gate import Gate
 from sidecar.core.reasons import ReasonOrder
@@ -25,24 +24,19 @@ from sidecar.identity import IdentityProvider
 from sidecar.identity.claims import ClaimMapping
 from sidecar.identity.envoy_jwt import EnvoyJwtPayload
 from sidecar.identity.headers import TrustedHeaders
-from sidecar.identity.jwt import JwtBearer, JwtVerifier, key_source
+from sidecar.identity.jwt import JwtBearer, JwtVerifier
+from sidecar.identity.keys import key_source
 from sidecar.metrics import GateMetrics
 from sidecar.policy.regorus_engine import RegorusEngine
 from sidecar.policy.request_policy import RequestPolicy
+from sidecar.runtime.addresses import parse_host_port
+from sidecar.runtime.signals import StopSignals
 from sidecar.store.cache import CachedStore
 from sidecar.store.listener import ChangeListener, change_listener
 from sidecar.store.open import open_store
 from sidecar.wire import ext_authz_pb2_grpc, ext_proc_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-
-def split_host_port(value: str) -> tuple[str, int]:
-    """Parse ``host:port`` (``[v6]:port`` allowed); raise ValueError naming the value."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"expected host:port, got {value!r}")
-    return host.strip("[]"), int(port)
 
 
 def build_identity(settings: Settings) -> IdentityProvider:
@@ -224,14 +218,11 @@ class SidecarServer:
         await self._grpc.start()
         log.info("gRPC (ext_authz, ext_proc) listening on %s", address)
         if settings.metrics:
-            host, port = split_host_port(settings.metrics)
+            host, port = parse_host_port(settings.metrics)
             self._metrics_server, _ = start_http_server(
                 port, addr=host, registry=self.sidecar.metrics.registry
             )
             log.info("metrics on http://%s/metrics", settings.metrics)
-
-    async def wait(self) -> None:
-        await self._grpc.wait_for_termination()
 
     async def stop(self, grace: float = 2.0) -> None:
         await self._grpc.stop(grace)
@@ -240,13 +231,12 @@ class SidecarServer:
         await self.sidecar.aclose()
 
 
-async def serve_until_signalled(settings: Settings) -> None:
-    """Run one sidecar process until SIGINT or SIGTERM, then stop it gracefully."""
-    server = SidecarServer(Sidecar.from_settings(settings))
-    await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
-    await server.stop()
+async def serve_until_signalled(settings: Settings) -> int:
+    """Run one sidecar process until SIGINT or SIGTERM, then stop it gracefully; 0."""
+    with StopSignals() as signals:
+        server = SidecarServer(Sidecar.from_settings(settings))
+        try:
+            await server.start()
+            return await signals.wait()
+        finally:
+            await server.stop()

@@ -34,6 +34,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from sidecar.config import Settings
+from sidecar.runtime.addresses import HostPort, UnixSocket, parse_host_port, parse_socket_address
+from sidecar.runtime.server import serve_until_signalled
+from sidecar.runtime.signals import StopSignals
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +52,10 @@ def worker_addresses(grpc_listen: str, workers: int) -> list[str]:
     """
     if workers == 1:
         return [grpc_listen]
-    if grpc_listen.startswith("unix:"):
-        return [f"{grpc_listen}.{i}" for i in range(workers)]
-    host, _, port = grpc_listen.rpartition(":")
-    return [f"{host}:{int(port) + i}" for i in range(workers)]
+    address = parse_socket_address(grpc_listen)
+    if isinstance(address, UnixSocket):
+        return [f"{address}.{i}" for i in range(workers)]
+    return [str(HostPort(address.host, address.port + i)) for i in range(workers)]
 
 
 def worker_audit_log(audit_log: Path, index: int, workers: int) -> Path:
@@ -94,9 +97,6 @@ def _exit_with_parent(parent: int) -> None:
 
 def _run_worker(settings: Settings, parent: int) -> None:
     _exit_with_parent(parent)
-    # Imported in the worker, after the parent set the multiprocess directory.
-    from sidecar.runtime.server import serve_until_signalled
-
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(message)s"
     )
@@ -104,13 +104,12 @@ def _run_worker(settings: Settings, parent: int) -> None:
 
 
 def _accepts(address: str) -> bool:
+    parsed = parse_socket_address(address)
     target: str | tuple[str, int]
-    if address.startswith("unix:"):
-        family, target = socket.AF_UNIX, address.removeprefix("unix:")
+    if isinstance(parsed, UnixSocket):
+        family, target = socket.AF_UNIX, parsed.path
     else:
-        host, _, port = address.rpartition(":")
-        host = host.strip("[]")
-        family, target = (socket.AF_INET6 if ":" in host else socket.AF_INET), (host, int(port))
+        family, target = parsed.family, (parsed.host, parsed.port)
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.settimeout(0.5)
         try:
@@ -156,11 +155,9 @@ class WorkerPool:
                 await asyncio.sleep(0.05)
         log.info("%d workers listening on %s", len(addresses), ", ".join(addresses))
         if self.settings.metrics:
-            from sidecar.runtime.server import split_host_port
-
             registry = CollectorRegistry()
             MultiProcessCollector(registry, path=self._metrics_dir.name)  # type: ignore[no-untyped-call]
-            host, port = split_host_port(self.settings.metrics)
+            host, port = parse_host_port(self.settings.metrics)
             self._metrics_server, _ = start_http_server(port, addr=host, registry=registry)
             log.info("metrics (all workers) on http://%s/metrics", self.settings.metrics)
 
@@ -193,3 +190,17 @@ class WorkerPool:
         if self._metrics_dir is not None:
             os.environ.pop(MULTIPROC_ENV, None)
             self._metrics_dir.cleanup()
+
+
+async def serve_workers_until_signalled(settings: Settings) -> int:
+    """Run a worker pool until SIGINT or SIGTERM (0), or until a worker exits (1).
+
+    A worker that dies stops the whole pool (see the module docstring).
+    """
+    pool = WorkerPool(settings)
+    with StopSignals() as signals:
+        try:
+            await pool.start()
+            return await signals.wait({"a worker": pool.wait()})
+        finally:
+            await pool.stop()

@@ -1,0 +1,60 @@
+"""`retrieval-gate serve` and `retrieval-gate proxy`: run the sidecar."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from sidecar.cli.flags import add_setting_flags, settings_from_flags
+from sidecar.config import ConfigError
+from sidecar.runtime.addresses import parse_host_port
+from sidecar.runtime.bootstrap import Upstream
+from sidecar.runtime.proxy import run_proxy
+from sidecar.runtime.server import serve_until_signalled
+from sidecar.runtime.workers import serve_workers_until_signalled
+
+
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``serve`` and ``proxy`` to the top-level ``commands``."""
+    serving = commands.add_parser("serve", help="run the sidecar for an Envoy you configure")
+    add_setting_flags(serving)
+    serving.set_defaults(func=serve)
+
+    proxying = commands.add_parser("proxy", help="run the sidecar plus an Envoy in front of a DB")
+    add_setting_flags(proxying)
+    proxying.add_argument(
+        "--upstream", required=True, help="vector DB URL, e.g. http://127.0.0.1:6333"
+    )
+    proxying.add_argument("--listen", required=True, help="host:port for applications to call")
+    proxying.add_argument("--envoy-concurrency", type=int, default=1, help="Envoy worker threads")
+    proxying.set_defaults(func=proxy)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Serve ext_proc and ext_authz until SIGINT or SIGTERM; 1 when a worker died."""
+    settings = settings_from_flags(args)
+    run = serve_until_signalled if settings.workers == 1 else serve_workers_until_signalled
+    return asyncio.run(run(settings))
+
+
+def proxy(args: argparse.Namespace) -> int:
+    """Run the sidecar and an Envoy in front of ``--upstream``; 1 when either died.
+
+    Without ``--grpc-listen`` Envoy reaches the sidecar over a private unix
+    socket (a ``grpc_listen`` in the file does not count: no one else needs it).
+    """
+    settings = settings_from_flags(args)
+    try:
+        listen = parse_host_port(args.listen)
+        upstream = Upstream.parse(args.upstream)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    return asyncio.run(
+        run_proxy(
+            settings,
+            listen=listen,
+            upstream=upstream,
+            envoy_concurrency=args.envoy_concurrency,
+            private_socket=args.grpc_listen is None,
+        )
+    )
