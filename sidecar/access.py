@@ -14,8 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import orjson
-
+from sidecar import refusals
 from sidecar.core.caller import Caller, IdentityError
 from sidecar.core.hits import Route, RouteKind
 from sidecar.core.policy import PolicyError
@@ -72,10 +71,7 @@ class AccessDenied(Exception):
 
     def body(self) -> bytes:
         """The JSON error body the client gets: the code, and the policy's reasons if any."""
-        document: dict[str, object] = {"error": self.code}
-        if self.reasons:
-            document["reasons"] = list(self.reasons)
-        return orjson.dumps(document)
+        return refusals.error_body(self.code, reasons=self.reasons)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +100,7 @@ class RequestAccess:
         problem = path_problem(request.path)
         if problem is not None:
             log.info("request refused: %s", problem)
-            raise AccessDenied(400, "path_not_canonical")
+            raise AccessDenied(400, refusals.PATH_NOT_CANONICAL)
         try:
             caller = await self._identity.identify(request)
         except IdentityError as exc:
@@ -120,7 +116,7 @@ class RequestAccess:
     def _check_policy(self, caller: Caller, request: AuthRequest) -> None:
         assert self._request_policy is not None
         document = {
-            "caller": caller.to_metadata(),
+            "caller": caller.to_document(),
             "method": request.method,
             "path": request.path,
             "collection": collection_of(request.path),
@@ -130,6 +126,6 @@ class RequestAccess:
             reasons = self._request_policy.evaluate(document)
         except PolicyError:
             log.error("request policy could not be evaluated; refusing the request")
-            raise AccessDenied(403, "policy_error") from None
+            raise AccessDenied(403, refusals.POLICY_ERROR) from None
         if reasons:
-            raise AccessDenied(403, "forbidden", tuple(reasons))
+            raise AccessDenied(403, refusals.FORBIDDEN, tuple(reasons))

@@ -24,17 +24,19 @@ class GateMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.chunks = Counter(
+
+        def counter(name: str, documentation: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, documentation, labels, registry=r)
+
+        self.chunks = counter(
             "retrieval_gate_chunks",
             "Chunks decided, by decision, primary reason (NONE when admitted) and format.",
-            ["decision", "reason", "format"],
-            registry=r,
+            ("decision", "reason", "format"),
         )
-        self.responses = Counter(
+        self.responses = counter(
             "retrieval_gate_responses",
             "Responses seen, by outcome (filtered, abstained, blocked, passthrough, error).",
-            ["outcome", "format"],
-            registry=r,
+            ("outcome", "format"),
         )
         self.decision_seconds = Histogram(
             "retrieval_gate_decision_seconds",
@@ -42,14 +44,14 @@ class GateMetrics:
             buckets=_DECISION_BUCKETS,
             registry=r,
         )
-        self.cache_hits = Counter(
-            "retrieval_gate_cache_hits", "Metadata lookups served by the cache.", registry=r
+        self.cache_hits = counter(
+            "retrieval_gate_cache_hits", "Metadata lookups served by the cache."
         )
-        self.cache_misses = Counter(
-            "retrieval_gate_cache_misses", "Metadata lookups sent to the store.", registry=r
+        self.cache_misses = counter(
+            "retrieval_gate_cache_misses", "Metadata lookups sent to the store."
         )
-        self.store_errors = Counter(
-            "retrieval_gate_store_errors", "Metadata store lookups that failed.", registry=r
+        self.store_errors = counter(
+            "retrieval_gate_store_errors", "Metadata store lookups that failed."
         )
         self.store_seconds = Histogram(
             "retrieval_gate_store_seconds",
@@ -57,49 +59,40 @@ class GateMetrics:
             buckets=_DECISION_BUCKETS,
             registry=r,
         )
-        self.cache_evictions = Counter(
+        self.cache_evictions = counter(
             "retrieval_gate_cache_evictions",
             "Cache entries dropped before expiry to respect the size bound.",
-            registry=r,
         )
-        self.cache_invalidations = Counter(
+        self.cache_invalidations = counter(
             "retrieval_gate_cache_invalidations",
             "Chunk ids invalidated (store change notifications, upserts).",
-            registry=r,
         )
-        self.cache_flushes = Counter(
+        self.cache_flushes = counter(
             "retrieval_gate_cache_flushes",
             "Times the whole cache was dropped (e.g. the change listener reconnected).",
-            registry=r,
         )
-        self.cache_stale_served = Counter(
+        self.cache_stale_served = counter(
             "retrieval_gate_cache_stale_served",
             "Expired records served because the store failed (stale_if_error).",
-            registry=r,
         )
-        self.policy_errors = Counter(
-            "retrieval_gate_policy_errors", "Policy evaluations that failed.", registry=r
+        self.policy_errors = counter(
+            "retrieval_gate_policy_errors", "Policy evaluations that failed."
         )
-        self.verdict_cache_hits = Counter(
+        self.verdict_cache_hits = counter(
             "retrieval_gate_verdict_cache_hits",
             "Chunk verdicts of a time-pure policy answered by the verdict cache.",
-            registry=r,
         )
-        self.verdict_cache_misses = Counter(
+        self.verdict_cache_misses = counter(
             "retrieval_gate_verdict_cache_misses",
             "Chunk verdicts of a time-pure policy evaluated in Rego (verdict cache misses).",
-            registry=r,
         )
-        self.substitutions = Counter(
+        self.substitutions = counter(
             "retrieval_gate_substitutions",
             "Superseded chunks replaced in place by their admitted successor.",
-            registry=r,
         )
-        self.audit_records = Counter(
-            "retrieval_gate_audit_records", "Audit records written.", registry=r
-        )
-        self.audit_errors = Counter(
-            "retrieval_gate_audit_errors", "Audit records that could not be written.", registry=r
+        self.audit_records = counter("retrieval_gate_audit_records", "Audit records written.")
+        self.audit_errors = counter(
+            "retrieval_gate_audit_errors", "Audit records that could not be written."
         )
         self.audit_shipping_failed = Gauge(
             "retrieval_gate_audit_shipping_failed",

@@ -1,0 +1,40 @@
+"""Every error body the gate sends, built in one place.
+
+A refusal tells the client what happened in a short machine-readable code and
+nothing about data it may not see: no chunk text, no counts, no upstream error
+text. The codes are part of the interface (docs/architecture.md, "Error
+bodies"); identity providers, the request policy and the format adapters add
+codes of their own (``token_expired``, ``generated_from_rejected_chunks``, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import orjson
+
+# Request path.
+PATH_NOT_CANONICAL: Final = "path_not_canonical"
+IDENTITY_MISSING: Final = "identity_missing"
+REQUEST_BODY_MALFORMED: Final = "request_body_malformed"
+POLICY_ERROR: Final = "policy_error"  # the request policy could not be evaluated
+FORBIDDEN: Final = "forbidden"  # the request policy refused; its reasons go along
+# Response path.
+REJECTED_CHUNKS: Final = "rejected_chunks"  # strict mode: a chunk was rejected
+UPSTREAM_BODY_MALFORMED: Final = "upstream_body_malformed"
+UPSTREAM_BODY_UNREADABLE: Final = "upstream_body_unreadable"
+AUDIT_UNAVAILABLE: Final = "audit_unavailable"
+# The gate itself.
+GATE_INTERNAL_ERROR: Final = "gate_internal_error"
+GATE_MISCONFIGURED: Final = "gate_misconfigured"
+
+
+def error_body(code: str, *, decision_id: str | None = None, reasons: Sequence[str] = ()) -> bytes:
+    """``{"error": code}``, with the decision id and the request policy's reasons when given."""
+    document: dict[str, object] = {"error": code}
+    if decision_id is not None:
+        document["decision_id"] = decision_id
+    if reasons:
+        document["reasons"] = list(reasons)
+    return orjson.dumps(document)

@@ -17,11 +17,13 @@ from typing import Any
 import orjson
 import pytest
 
-from sidecar.audit.jsonl import JsonlAuditSink, verify_chain
+from sidecar.audit.jsonl import JsonlAuditSink
+from sidecar.audit.verify import verify_chain
 from sidecar.config import Settings, default_policy_dir, format_table
 from sidecar.core.caller import Caller
 from sidecar.core.gate import Gate
 from sidecar.core.hits import Route
+from sidecar.core.modes import Mode
 from sidecar.core.record import Status
 from sidecar.enforcement.response_filter import FilterResult, ResponseFilter
 from sidecar.metrics import GateMetrics
@@ -209,3 +211,48 @@ def test_each_principal_set_gets_its_own_digest(core: Core) -> None:
         other.principals_digest(),
         ALICE.principals_digest(),
     ]
+
+
+def test_the_audit_record_takes_its_time_from_the_injected_clock(core: Core) -> None:
+    core.search("1")
+    assert core.last_audit()["time"] == NOW.isoformat(timespec="microseconds")
+
+
+def test_a_strict_refusal_is_recorded_with_its_code_and_nothing_released(core: Core) -> None:
+    core.filter = ResponseFilter(
+        formats=format_table(Settings()),
+        store=core.store,
+        gate=core.gate,
+        audit=core.audit,
+        metrics=core.metrics,
+        route_policy=Settings(mode=Mode.STRICT).route_policy,
+        clock=lambda: core.now,
+    )
+    result = core.search("1", "3")
+    record = core.last_audit()
+    assert result.status == 403
+    assert orjson.loads(result.body or b"") == {
+        "error": "rejected_chunks",
+        "decision_id": record["decision_id"],
+    }
+    assert record["outcome"] == "blocked"
+    assert record["refusal"] == "rejected_chunks"
+    assert record["released"] == []
+    assert record["admitted"] == ["1"]
+
+
+def test_an_unreadable_body_is_recorded_without_decisions(core: Core) -> None:
+    fmt = core.filter.format_for(SEARCH)
+    assert fmt is not None
+    result = asyncio.run(core.filter.filter(fmt, SEARCH, ALICE, "req-1", b"not json"))
+    record = core.last_audit()
+    assert result.status == 502
+    assert orjson.loads(result.body or b"") == {
+        "error": "upstream_body_malformed",
+        "decision_id": record["decision_id"],
+    }
+    assert record["error"] == "upstream_body_malformed"
+    assert record["outcome"] == "error"
+    for absent in ("candidates", "rejected", "admitted", "released", "policy_version"):
+        assert absent not in record
+    assert core.sample("retrieval_gate_responses_total", outcome="error", format="qdrant") == 1

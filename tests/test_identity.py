@@ -42,7 +42,7 @@ def test_incomplete_trusted_headers_are_refused(headers: dict[str, str]) -> None
 
 def test_metadata_round_trip_and_defects() -> None:
     caller = Caller("acme", frozenset({"user:alice"}))
-    assert Caller.from_metadata(caller.to_metadata()) == caller
+    assert Caller.from_document(caller.to_document()) == caller
     for broken in (
         {},
         {"tenant": "acme"},
@@ -50,7 +50,7 @@ def test_metadata_round_trip_and_defects() -> None:
         {"tenant": "acme", "principals": "user:alice"},
     ):
         with pytest.raises(IdentityError):
-            Caller.from_metadata(broken)
+            Caller.from_document(broken)
 
 
 def test_principals_digest_ignores_order_and_hides_names() -> None:

@@ -36,8 +36,9 @@ class Caller:
         joined = "\n".join(sorted(self.principals)).encode()
         return hashlib.sha256(joined).hexdigest()
 
-    def to_metadata(self) -> dict[str, Any]:
-        """The form carried in Envoy dynamic metadata from ext_authz to ext_proc."""
+    def to_document(self) -> dict[str, Any]:
+        """The caller as a JSON object: what policies read as ``input.caller``, and
+        what travels from an ext_authz check to the response path."""
         return {
             "tenant": self.tenant,
             "principals": sorted(self.principals),
@@ -45,14 +46,14 @@ class Caller:
         }
 
     @classmethod
-    def from_metadata(cls, data: Mapping[str, Any]) -> Caller:
-        """Inverse of :meth:`to_metadata`; raises IdentityError on any defect."""
+    def from_document(cls, data: Mapping[str, Any]) -> Caller:
+        """Inverse of :meth:`to_document`; raises IdentityError on any defect."""
         tenant = data.get("tenant")
         principals = data.get("principals")
         if not isinstance(tenant, str) or not tenant:
-            raise IdentityError("identity_missing", "identity metadata has no tenant")
+            raise IdentityError("identity_missing", "caller document has no tenant")
         if not isinstance(principals, Iterable) or isinstance(principals, str | bytes):
-            raise IdentityError("identity_missing", "identity metadata has no principals")
+            raise IdentityError("identity_missing", "caller document has no principals")
         names = frozenset(p for p in principals if isinstance(p, str) and p)
         return cls(
             tenant=tenant, principals=names, drafts_allowed=data.get("drafts_allowed") is True

@@ -55,11 +55,7 @@ def to_epoch_ns(moment: datetime) -> int:
 def policy_input(caller: Caller, records: Sequence[ChunkRecord], now: datetime) -> dict[str, Any]:
     """Build the policy input document (contract in policies/README.md)."""
     return {
-        "caller": {
-            "tenant": caller.tenant,
-            "principals": sorted(caller.principals),
-            "drafts_allowed": caller.drafts_allowed,
-        },
+        "caller": caller.to_document(),
         "now_ns": to_epoch_ns(now),
         "chunks": [
             {

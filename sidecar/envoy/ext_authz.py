@@ -78,7 +78,7 @@ class AuthorizationServicer(authz_grpc.AuthorizationServicer):
             log.info("request refused: %s %s", exc.status, exc.code)
             return _denied(exc)
         metadata = struct_pb2.Struct()
-        metadata.update(admission.caller.to_metadata())
+        metadata.update(admission.caller.to_document())
         return authz.CheckResponse(
             status=authz.RpcStatus(code=_OK),
             ok_response=authz.OkHttpResponse(headers_to_remove=list(admission.strip_headers)),

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf import json_format
 
+from sidecar import refusals
 from sidecar.access import AccessDenied, RequestAccess, path_problem
 from sidecar.core.caller import Caller, IdentityError
 from sidecar.core.hits import Route
@@ -41,28 +42,29 @@ IDENTITY_NAMESPACE = "envoy.filters.http.ext_authz"
 _CONTINUE = ext_proc.CommonResponse()
 # Sent with the response-headers answer for responses the gate will not read,
 # so Envoy neither buffers nor sends their bodies (needs allow_mode_override).
-_SKIP_BODY = processing_mode.ProcessingMode(response_body_mode=processing_mode.ProcessingMode.NONE)
+_Mode = processing_mode.ProcessingMode
+_SKIP_BODY = _Mode(response_body_mode=_Mode.NONE)
+
+
+def _whole_mode(
+    response_headers: _Mode.HeaderSendMode, bodies: _Mode.BodySendMode
+) -> processing_mode.ProcessingMode:
+    """A mode override with every field spelled out: an override replaces the whole mode."""
+    return _Mode(
+        request_header_mode=_Mode.SEND,
+        response_header_mode=response_headers,
+        request_body_mode=bodies,
+        response_body_mode=bodies,
+        request_trailer_mode=_Mode.SKIP,
+        response_trailer_mode=_Mode.SKIP,
+    )
+
+
 # Sent with the request-headers answer on routes the gate does not filter: the
-# stream ends there, one message for the whole request. An override replaces
-# the whole mode, so every field is spelled out.
-_NOTHING_MORE = processing_mode.ProcessingMode(
-    request_header_mode=processing_mode.ProcessingMode.SEND,
-    response_header_mode=processing_mode.ProcessingMode.SKIP,
-    request_body_mode=processing_mode.ProcessingMode.NONE,
-    response_body_mode=processing_mode.ProcessingMode.NONE,
-    request_trailer_mode=processing_mode.ProcessingMode.SKIP,
-    response_trailer_mode=processing_mode.ProcessingMode.SKIP,
-)
-# Sent with the request-headers answer when the gate rewrites the query. An
-# override replaces the whole mode, so every field is spelled out.
-_WITH_REQUEST_BODY = processing_mode.ProcessingMode(
-    request_header_mode=processing_mode.ProcessingMode.SEND,
-    response_header_mode=processing_mode.ProcessingMode.SEND,
-    request_body_mode=processing_mode.ProcessingMode.BUFFERED,
-    response_body_mode=processing_mode.ProcessingMode.BUFFERED,
-    request_trailer_mode=processing_mode.ProcessingMode.SKIP,
-    response_trailer_mode=processing_mode.ProcessingMode.SKIP,
-)
+# stream ends there, one message for the whole request.
+_NOTHING_MORE = _whole_mode(_Mode.SKIP, _Mode.NONE)
+# Sent with the request-headers answer when the gate rewrites the query.
+_WITH_REQUEST_BODY = _whole_mode(_Mode.SEND, _Mode.BUFFERED)
 
 
 @dataclass
@@ -101,7 +103,7 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             except Exception:
                 # Never let a bug turn into "continue": answer with an error instead.
                 log.exception("ext_proc message handling failed")
-                yield immediate(500, b'{"error":"gate_internal_error"}', "retrieval_gate_error")
+                yield _refuse(500, refusals.GATE_INTERNAL_ERROR, "retrieval_gate_error")
                 return
 
     async def _handle(
@@ -116,7 +118,7 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             # Admission happens on the request headers: an upstream answer on a
             # stream without them (request_header_mode SKIP) was never admitted.
             log.error("ext_proc stream without request headers; send them (request_header_mode)")
-            return immediate(500, b'{"error":"gate_misconfigured"}', "retrieval_gate_no_headers")
+            return _refuse(500, refusals.GATE_MISCONFIGURED, "retrieval_gate_no_headers")
         if kind == "response_headers":
             return self._on_response_headers(exchange, request.response_headers)
         if kind == "response_body":
@@ -135,7 +137,7 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         }
         if IDENTITY_NAMESPACE in exchange.metadata:
             try:
-                exchange.caller = Caller.from_metadata(exchange.metadata[IDENTITY_NAMESPACE])
+                exchange.caller = Caller.from_document(exchange.metadata[IDENTITY_NAMESPACE])
             except IdentityError as exc:
                 exchange.identity_error = exc
 
@@ -148,12 +150,12 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         exchange.request_id = headers.get("x-request-id", "")
         if path_problem(path) is not None:
             # Admission refuses these too; an ext_authz in front should have.
-            return immediate(400, b'{"error":"path_not_canonical"}', "retrieval_gate_bad_path")
+            return _refuse(400, refusals.PATH_NOT_CANONICAL, "retrieval_gate_bad_path")
         mutation = ext_proc.HeaderMutation()
         if exchange.identity_error is not None:
             # An ext_authz in front admitted the request but left no readable caller.
             log.warning("unreadable caller identity in metadata: %s", exchange.identity_error)
-            return immediate(401, b'{"error":"identity_missing"}', "retrieval_gate_no_identity")
+            return _refuse(401, refusals.IDENTITY_MISSING, "retrieval_gate_no_identity")
         if exchange.caller is None:
             # No ext_authz in front: the request is admitted here, before the upstream.
             try:
@@ -195,13 +197,11 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             return ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse())
         if not message.end_of_stream:
             log.error("request body arrived in parts; the gate needs it BUFFERED")
-            return immediate(500, b'{"error":"gate_misconfigured"}', "retrieval_gate_not_buffered")
+            return _refuse(500, refusals.GATE_MISCONFIGURED, "retrieval_gate_not_buffered")
         try:
             rewrite = self._filter.rewrite_request(rewriter, route, caller, message.body)
         except MalformedRequest:
-            return immediate(
-                400, b'{"error":"request_body_malformed"}', "retrieval_gate_bad_request"
-            )
+            return _refuse(400, refusals.REQUEST_BODY_MALFORMED, "retrieval_gate_bad_request")
         exchange.rewrite = rewrite
         common = ext_proc.CommonResponse(
             header_mutation=ext_proc.HeaderMutation(
@@ -268,12 +268,12 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             return ext_proc.ProcessingResponse(response_body=ext_proc.BodyResponse())
         if caller is None:
             # Every admitted request has a caller; this stream skipped its headers.
-            return immediate(401, b'{"error":"identity_missing"}', "retrieval_gate_no_identity")
+            return _refuse(401, refusals.IDENTITY_MISSING, "retrieval_gate_no_identity")
         if not message.end_of_stream:
             # Only BUFFERED mode hands over the whole body; passing a part on
             # would let unfiltered chunks through.
             log.error("response body arrived in parts; configure response_body_mode BUFFERED")
-            return immediate(500, b'{"error":"gate_misconfigured"}', "retrieval_gate_not_buffered")
+            return _refuse(500, refusals.GATE_MISCONFIGURED, "retrieval_gate_not_buffered")
         body = message.body
         if exchange.codings:
             try:
@@ -327,3 +327,8 @@ def _local_reply(request: ext_proc.ProcessingRequest) -> bool:
         return False
     status = header_dict(request.response_headers.headers).get(":status", "")
     return not status.startswith("2")
+
+
+def _refuse(status: int, code: str, details: str) -> ext_proc.ProcessingResponse:
+    """An immediate error answer with the gate's error body (``sidecar.refusals``)."""
+    return immediate(status, refusals.error_body(code), details)

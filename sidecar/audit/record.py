@@ -1,0 +1,126 @@
+"""The audit record: what the gate decided for one response, typed.
+
+One record per response the gate inspected (docs/architecture.md, "Audit
+record"). It names chunks by id and never carries chunk text; the caller's
+principals appear only as a digest. Sinks write :meth:`AuditRecord.to_dict`
+and chain it (``sidecar.audit.chain``); the optional fields are left out of
+that form when they are None, so a reader can tell "not applicable" (a body
+that could not be parsed has no candidates) from "empty".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sidecar.core.decision import Verdict
+from sidecar.core.modes import Mode
+from sidecar.core.outcome import Outcome
+
+
+@dataclass(slots=True)
+class Substitution:
+    """A superseded chunk whose admitted successor took its place in the body."""
+
+    position: int
+    chunk_id: str | None
+    substitute: str
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON form."""
+        return {"position": self.position, "chunk_id": self.chunk_id, "substitute": self.substitute}
+
+
+# Not frozen, and holding lists: built for every response on the hot path,
+# where a frozen dataclass costs about five times as much to construct and
+# copying into tuples adds up. Never changed once built.
+@dataclass(slots=True)
+class Release:
+    """What went out to the client, for a body that was parsed and decided."""
+
+    released: list[str | None]  # chunk ids the client got, in body order
+    tenant_filter: bool  # the request carried the caller's tenant filter upstream
+    overfetched: bool  # the request asked for more than the client did
+    # Set when substitutes went out: ``admitted`` then names them in place of
+    # the chunks they replaced.
+    admitted: list[str | None] | None = None
+    substituted: list[Substitution] = field(default_factory=list)
+    refusal: str | None = None  # the error code when the client got no body
+
+
+@dataclass(slots=True)
+class AuditRecord:
+    """One response's decision record (not frozen, like Release).
+
+    ``verdict`` and ``release`` are None for a body the gate could not read;
+    ``error`` then says why. The verdict's decisions become the record's
+    ``candidates``, ``rejected`` (every reason, and the malformed hit's
+    detail) and ``admitted``.
+    """
+
+    decision_id: str
+    request_id: str  # Envoy's x-request-id: a client may set it; decision_id is the key
+    time: datetime
+    tenant: str
+    principals_sha256: str
+    format: str
+    mode: Mode
+    outcome: Outcome
+    latency_ms: float
+    verdict: Verdict | None = None
+    release: Release | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON object a sink writes (field names are part of the interface)."""
+        record: dict[str, object] = {
+            "decision_id": self.decision_id,
+            "request_id": self.request_id,
+            "time": self.time.isoformat(timespec="microseconds"),
+            "tenant": self.tenant,
+            "principals_sha256": self.principals_sha256,
+            "format": self.format,
+            "mode": self.mode,  # a StrEnum: serialises as its value
+        }
+        verdict, release = self.verdict, self.release
+        if verdict is not None:
+            record["policy_version"] = verdict.policy_version
+            _add_decisions(record, verdict)
+        record["latency_ms"] = self.latency_ms
+        if release is not None:
+            record["tenant_filter"] = release.tenant_filter
+            record["overfetched"] = release.overfetched
+            if release.refusal is not None:
+                record["refusal"] = release.refusal
+            record["released"] = release.released
+            if release.admitted is not None:
+                record["admitted"] = release.admitted
+            if release.substituted:
+                record["substituted"] = [entry.to_dict() for entry in release.substituted]
+        record["outcome"] = self.outcome
+        if self.error is not None:
+            record["error"] = self.error
+        return record
+
+
+def _add_decisions(record: dict[str, object], verdict: Verdict) -> None:
+    """``candidates``, ``rejected`` and ``admitted``, in one pass over the decisions."""
+    candidates: list[str | None] = []
+    rejected: list[dict[str, object]] = []
+    admitted: list[str | None] = []
+    for d in verdict.decisions:
+        candidates.append(d.chunk_id)
+        if d.reasons:
+            entry: dict[str, object] = {
+                "position": d.position,
+                "chunk_id": d.chunk_id,
+                "reasons": list(d.reasons),
+            }
+            if d.detail:
+                entry["detail"] = d.detail
+            rejected.append(entry)
+        else:
+            admitted.append(d.chunk_id)
+    record["candidates"] = candidates
+    record["rejected"] = rejected
+    record["admitted"] = admitted

@@ -1,0 +1,196 @@
+"""Step three of a response: the audit record and the metrics, before the answer leaves.
+
+A decision that cannot be recorded is not released: the audit write comes
+first and its failure turns the answer into an error (``audit_unavailable``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from sidecar.audit.record import AuditRecord, Release, Substitution
+from sidecar.audit.sink import AuditError, AuditSink
+from sidecar.core.caller import Caller
+from sidecar.core.decision import Verdict
+from sidecar.core.modes import Mode
+from sidecar.core.outcome import Outcome
+from sidecar.enforcement.deciding import Decided
+from sidecar.enforcement.releasing import Released
+from sidecar.metrics import ADMITTED_REASON, GateMetrics
+
+log = logging.getLogger(__name__)
+
+_ADMITTED = ("admitted", ADMITTED_REASON)
+# Principal-set digests remembered for audit records (a few hundred bytes each).
+_DIGESTS_KEPT = 4096
+
+
+@dataclass(slots=True)
+class ResponseFacts:
+    """What every audit record of one response says, whatever became of the response.
+
+    Not frozen: one is built per response on the hot path (see ``deciding.Decided``).
+    """
+
+    decision_id: str
+    request_id: str
+    caller: Caller
+    format_name: str
+    mode: Mode
+    started: float  # time.perf_counter() when the body arrived
+
+
+class Recorder:
+    """Writes the audit record of each response and counts it in the metrics."""
+
+    def __init__(
+        self,
+        audit: AuditSink,
+        metrics: GateMetrics,
+        clock: Callable[[], datetime],
+        *,
+        verdict_cache_on: bool,
+    ) -> None:
+        """``verdict_cache_on``: count verdict-cache misses (only meaningful with a cache)."""
+        self._audit = audit
+        self._metrics = metrics
+        self._clock = clock
+        self._verdict_cache_on = verdict_cache_on
+        self._digests: dict[frozenset[str], str] = {}
+
+    def decided(
+        self,
+        facts: ResponseFacts,
+        decided: Decided,
+        released: Released,
+        *,
+        tenant_filter: bool,
+        overfetched: bool,
+    ) -> None:
+        """Record and count a decided response; raises AuditError if it could not be recorded.
+
+        Nothing is counted for a response whose record was not written: the
+        caller answers with an error, which ``unrecorded`` counts.
+        """
+        verdict = decided.verdict
+        self._write(
+            self._record(
+                facts,
+                released.outcome,
+                verdict=verdict,
+                release=_release(decided, released, tenant_filter, overfetched),
+            )
+        )
+        if decided.replacements:
+            self._metrics.substitutions.inc(len(decided.replacements))
+        self._count(facts, verdict, released.outcome)
+
+    def unreadable(self, facts: ResponseFacts, outcome: Outcome, error: str) -> None:
+        """Record and count a body that could not be read; raises AuditError."""
+        self._write(self._record(facts, outcome, error=error))
+        self._metrics.count_response(outcome, facts.format_name)
+
+    def unrecorded(self, format_name: str) -> None:
+        """Count a response answered with an error because its record could not be written."""
+        self._metrics.count_response(Outcome.ERROR, format_name)
+
+    def passthrough(self, format_name: str) -> None:
+        """Count a response on a route the gate does not inspect (or an upstream error)."""
+        self._metrics.count_response(Outcome.PASSTHROUGH, format_name)
+
+    def policy_failed(self) -> None:
+        """Count a policy evaluation that failed."""
+        self._metrics.policy_errors.inc()
+
+    def _record(
+        self,
+        facts: ResponseFacts,
+        outcome: Outcome,
+        *,
+        verdict: Verdict | None = None,
+        release: Release | None = None,
+        error: str | None = None,
+    ) -> AuditRecord:
+        return AuditRecord(
+            decision_id=facts.decision_id,
+            request_id=facts.request_id,
+            time=self._clock(),
+            tenant=facts.caller.tenant,
+            principals_sha256=self._principals_digest(facts.caller),
+            format=facts.format_name,
+            mode=facts.mode,
+            outcome=outcome,
+            latency_ms=round((time.perf_counter() - facts.started) * 1000, 3),
+            verdict=verdict,
+            release=release,
+            error=error,
+        )
+
+    def _count(self, facts: ResponseFacts, verdict: Verdict, outcome: Outcome) -> None:
+        counts: dict[tuple[str, str], int] = {}
+        for decision in verdict.decisions:
+            reasons = decision.reasons
+            key = ("rejected", reasons[0]) if reasons else _ADMITTED
+            counts[key] = counts.get(key, 0) + 1
+        metrics = self._metrics
+        metrics.count_chunks(facts.format_name, counts)
+        metrics.count_response(outcome, facts.format_name)
+        if verdict.verdicts_cached:
+            metrics.verdict_cache_hits.inc(verdict.verdicts_cached)
+        if verdict.verdicts_evaluated and self._verdict_cache_on:
+            metrics.verdict_cache_misses.inc(verdict.verdicts_evaluated)
+        metrics.decision_seconds.observe(time.perf_counter() - facts.started)
+
+    def _principals_digest(self, caller: Caller) -> str:
+        """``caller.principals_digest()``, remembered per principal set (bounded)."""
+        digest = self._digests.get(caller.principals)
+        if digest is None:
+            if len(self._digests) >= _DIGESTS_KEPT:
+                self._digests.clear()
+            digest = self._digests[caller.principals] = caller.principals_digest()
+        return digest
+
+    def _write(self, record: AuditRecord) -> None:
+        try:
+            self._audit.write(record.to_dict())
+        except AuditError:
+            self._metrics.audit_errors.inc()
+            log.error("audit record %s could not be written", record.decision_id)
+            raise
+        self._metrics.audit_records.inc()
+
+
+def _release(
+    decided: Decided, released: Released, tenant_filter: bool, overfetched: bool
+) -> Release:
+    """The audit view of what went out: ids as the client got them (substitutes by their own)."""
+    replacements = decided.replacements
+    by_position = {d.position: d.chunk_id for d in decided.verdict.decisions}
+    ids = [
+        replacements[p].chunk_id if p in replacements else by_position[p]
+        for p in released.positions
+    ]
+    if not replacements:
+        return Release(ids, tenant_filter, overfetched, refusal=released.refusal)
+    kept = decided.kept
+    decisions = decided.verdict.decisions
+    return Release(
+        ids,
+        tenant_filter,
+        overfetched,
+        admitted=[
+            replacements[d.position].chunk_id if d.position in replacements else d.chunk_id
+            for d in decisions
+            if d.position in kept
+        ],
+        substituted=[
+            Substitution(d.position, d.chunk_id, replacements[d.position].chunk_id)
+            for d in decisions
+            if d.position in replacements
+        ],
+        refusal=released.refusal,
+    )

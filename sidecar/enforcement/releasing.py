@@ -1,0 +1,80 @@
+"""Step two of a response: what the client gets, by the route's mode.
+
+``enforce`` sends the body rebuilt with the kept hits, ``strict`` refuses the
+whole response when any hit was rejected, ``audit`` sends everything (trimmed
+back to the asked-for size when the gate over-fetched). Every body that goes
+out under enforce or strict is rendered by the adapter, even when nothing was
+removed: some formats carry side structures computed beyond the returned hits
+(Elasticsearch aggregations, Weaviate Aggregate) that never go out unfiltered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from sidecar import refusals
+from sidecar.core.hits import Replacement
+from sidecar.core.modes import Mode
+from sidecar.core.outcome import Outcome
+from sidecar.enforcement.deciding import Decided
+from sidecar.formats.base import ParsedBody, Unreleasable
+
+
+@dataclass(slots=True)
+class Released:
+    """The answer for one decided body (not frozen: see ``deciding.Decided``).
+
+    ``body`` None with status 200 passes the upstream body unchanged (audit
+    mode); with another status the client gets an error body for
+    ``refusal``. ``positions`` are the hits the client gets, in body order.
+    """
+
+    outcome: Outcome
+    status: int
+    body: bytes | None
+    positions: tuple[int, ...]
+    refusal: str | None = None
+
+
+def release(
+    mode: Mode,
+    parsed: ParsedBody,
+    decided: Decided,
+    limits: Sequence[int | None] | None,
+) -> Released:
+    """Apply ``mode`` to a decided body; raises MalformedBody when it cannot be rendered.
+
+    The client may get fewer hits than were kept: over-fetch trims admitted
+    hits beyond what was asked for, and an adapter drops a kept hit whose
+    container went (an emptied group, a reference inside a removed hit). So
+    the released positions come from the adapter, never from the verdict.
+    """
+    total = len(decided.verdict.decisions)
+    kept = decided.kept
+    replacements = decided.replacements
+    try:
+        if mode is Mode.AUDIT:
+            if limits is None:
+                return Released(Outcome.PASSTHROUGH, 200, None, tuple(range(total)))
+            return _rendered(Outcome.PASSTHROUGH, parsed, frozenset(range(total)), limits, {})
+        if len(kept) == total:
+            return _rendered(Outcome.FILTERED, parsed, kept, limits, replacements)
+        if mode is Mode.STRICT:
+            return Released(Outcome.BLOCKED, 403, None, (), refusals.REJECTED_CHUNKS)
+        outcome = Outcome.FILTERED if kept else Outcome.ABSTAINED
+        return _rendered(outcome, parsed, kept, limits, replacements)
+    except Unreleasable as exc:
+        # What is left would still carry what was removed (e.g. generated text).
+        return Released(Outcome.BLOCKED, 403, None, (), exc.code)
+
+
+def _rendered(
+    outcome: Outcome,
+    parsed: ParsedBody,
+    keep: frozenset[int],
+    limits: Sequence[int | None] | None,
+    replacements: Mapping[int, Replacement],
+) -> Released:
+    body = parsed.render(keep, limits, replacements)
+    return Released(outcome, 200, body, tuple(parsed.released_positions(keep, limits)))

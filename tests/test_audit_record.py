@@ -1,0 +1,99 @@
+"""The typed audit record and its JSON form (field names are part of the interface)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sidecar.audit.record import AuditRecord, Release, Substitution
+from sidecar.core.decision import ChunkDecision, Verdict
+from sidecar.core.modes import Mode
+from sidecar.core.outcome import Outcome
+
+TIME = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+
+
+def _record(
+    verdict: Verdict | None = None, release: Release | None = None, error: str | None = None
+) -> AuditRecord:
+    return AuditRecord(
+        decision_id="d1",
+        request_id="r1",
+        time=TIME,
+        tenant="acme",
+        principals_sha256="ab" * 32,
+        format="qdrant",
+        mode=Mode.ENFORCE,
+        outcome=Outcome.FILTERED,
+        latency_ms=0.5,
+        verdict=verdict,
+        release=release,
+        error=error,
+    )
+
+
+def _verdict(*decisions: ChunkDecision) -> Verdict:
+    return Verdict(decisions=decisions, policy_version="v1", policy_failed=False)
+
+
+def test_a_decided_record_in_its_json_form() -> None:
+    verdict = _verdict(
+        ChunkDecision(0, "a", ()),
+        ChunkDecision(1, "b", ("EXPIRED",)),
+        ChunkDecision(2, None, ("MALFORMED_CHUNK",), "no payload"),
+    )
+    release = Release(["a"], tenant_filter=True, overfetched=False)
+    assert _record(verdict, release).to_dict() == {
+        "decision_id": "d1",
+        "request_id": "r1",
+        "time": "2026-06-01T12:00:00.000000+00:00",
+        "tenant": "acme",
+        "principals_sha256": "ab" * 32,
+        "format": "qdrant",
+        "mode": "enforce",
+        "policy_version": "v1",
+        "candidates": ["a", "b", None],
+        "rejected": [
+            {"position": 1, "chunk_id": "b", "reasons": ["EXPIRED"]},
+            {
+                "position": 2,
+                "chunk_id": None,
+                "reasons": ["MALFORMED_CHUNK"],
+                "detail": "no payload",
+            },
+        ],
+        "admitted": ["a"],
+        "latency_ms": 0.5,
+        "tenant_filter": True,
+        "overfetched": False,
+        "released": ["a"],
+        "outcome": "filtered",
+    }
+
+
+def test_substitutes_replace_the_admitted_list_and_are_listed() -> None:
+    verdict = _verdict(ChunkDecision(0, "old", ("STATUS_SUPERSEDED",)))
+    release = Release(
+        ["new"],
+        tenant_filter=False,
+        overfetched=False,
+        admitted=["new"],
+        substituted=[Substitution(0, "old", "new")],
+    )
+    out = _record(verdict, release).to_dict()
+    assert out["admitted"] == ["new"]
+    assert out["substituted"] == [{"position": 0, "chunk_id": "old", "substitute": "new"}]
+    assert "refusal" not in out
+
+
+def test_a_refused_response_names_its_refusal() -> None:
+    verdict = _verdict(ChunkDecision(0, "a", ("EXPIRED",)))
+    release = Release([], tenant_filter=False, overfetched=False, refusal="rejected_chunks")
+    out = _record(verdict, release).to_dict()
+    assert out["refusal"] == "rejected_chunks"
+    assert out["released"] == []
+
+
+def test_an_unreadable_body_has_an_error_and_no_decision_fields() -> None:
+    out = _record(error="upstream_body_malformed").to_dict()
+    assert out["error"] == "upstream_body_malformed"
+    assert not {"candidates", "rejected", "admitted", "released", "refusal"} & out.keys()
