@@ -39,18 +39,13 @@ from load import CALLER_HEADERS, SEARCH_BODY
 from sidecar.config import load_settings
 from sidecar.runtime.bootstrap import SIDECAR_CLUSTER, Upstream, build_bootstrap
 from sidecar.runtime.envoy_process import envoy_command, read_admin_address
+from sidecar.runtime.ports import free_port
 from sidecar.runtime.workers import worker_addresses
 
 CLI = [sys.executable, "-m", "sidecar.cli"]
 FLOOR_SERVICER = Path(__file__).resolve().parent / "floor_servicer.py"
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http(url: str, body: bytes | None = None) -> tuple[int, bytes]:

@@ -48,7 +48,6 @@ from report import judge, judge_floor, markdown
 from stack import (
     GateStack,
     Processes,
-    free_port,
     http,
     load_store,
     scratch_database,
@@ -58,6 +57,8 @@ from stack import (
     static_upstream_bootstrap,
 )
 from workloads import ALL, HEADLINE, SCALING, Workload
+
+from sidecar.runtime.ports import free_port
 
 BENCH = Path(__file__).resolve().parent
 SECTIONS = ("headline", "scaling", "floor", "postgres", "core")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,15 +26,10 @@ from sidecar.demo.upstream import FixtureUpstream
 from sidecar.runtime.bootstrap import Upstream, build_bootstrap
 from sidecar.runtime.envoy_process import envoy_command, read_admin_address
 from sidecar.runtime.jwt_authn import needs_generated_jwks, write_generated_jwks
+from sidecar.runtime.ports import free_port
 from sidecar.runtime.workers import worker_addresses
 
 CLI = [sys.executable, "-m", "sidecar.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -12,9 +12,10 @@ import orjson
 import pytest
 
 from sidecar.demo.upstream import CannedResponse, FixtureUpstream
+from sidecar.runtime.ports import free_port
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.records import record_dict, text_for
-from tests.harness import CLI, free_port, http, write_records
+from tests.harness import CLI, http, write_records
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from sidecar.demo.upstream import CannedResponse
+from sidecar.runtime.ports import free_port
 from sidecar.runtime.workers import worker_addresses, worker_audit_log
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.records import record_dict, text_for
-from tests.harness import CLI, GateStack, free_port
+from tests.harness import CLI, GateStack
 
 pytestmark = pytest.mark.envoy
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import tempfile
 import urllib.request
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from sidecar.core.integrity import canonical_sha256
 from sidecar.demo.upstream import CannedResponse, FixtureUpstream
 from sidecar.runtime.addresses import HostPort
 from sidecar.runtime.bootstrap import Upstream
+from sidecar.runtime.ports import free_port
 from sidecar.runtime.proxy import run_proxy
 from sidecar.store.loader import load_jsonl
 from sidecar.store.open import open_store
@@ -99,12 +99,6 @@ def _search_body(corpus: list[DemoChunk]) -> bytes:
     return orjson.dumps({"result": hits, "status": "ok", "time": 0.002})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _search(url: str, tenant: str, principals: str) -> tuple[int, dict[str, str], bytes]:
     request = urllib.request.Request(  # noqa: S310 - the demo's own loopback proxy
         url + SEARCH_PATH,
@@ -145,7 +139,7 @@ async def run_demo() -> int:
         upstream = FixtureUpstream().start()
         upstream.respond("POST", SEARCH_PATH, CannedResponse(_search_body(corpus)))
         audit_log = workdir / "decisions.jsonl"
-        metrics_port = _free_port()
+        metrics_port = free_port()
         settings = Settings(
             identity=IdentityMode.TRUSTED_HEADERS,
             store=store_url,
@@ -153,7 +147,7 @@ async def run_demo() -> int:
             audit_log=audit_log,
             metrics=f"127.0.0.1:{metrics_port}",
         )
-        listen = HostPort("127.0.0.1", _free_port())
+        listen = HostPort("127.0.0.1", free_port())
         stop = asyncio.Event()
         ready = asyncio.Event()
         proxy = asyncio.create_task(
