@@ -53,13 +53,13 @@ import sidecar
 from sidecar.audit.jsonl import JsonlAuditSink
 from sidecar.config import Settings, format_table
 from sidecar.core.caller import Caller
+from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.core.gate import Gate
 from sidecar.core.hits import Route
 from sidecar.core.integrity import canonical_sha256
-from sidecar.core.record import ChunkRecord, Status
 from sidecar.enforcement.response_filter import ResponseFilter
 from sidecar.metrics import GateMetrics
-from sidecar.policy.regorus_engine import RegorusEngine
+from sidecar.rego.regorus_engine import RegorusEngine
 from sidecar.store.cache import CachedStore
 from sidecar.store.sqlite import SqliteStore
 

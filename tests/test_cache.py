@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from sidecar.core.record import ChunkRecord, Status
+from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.store.cache import CachedStore, Lookup
 from sidecar.store.sqlite import SqliteStore
 from sidecar.store.store import StoreUnavailable

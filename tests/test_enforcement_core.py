@@ -21,13 +21,13 @@ from sidecar.audit.jsonl import JsonlAuditSink
 from sidecar.audit.verify import verify_chain
 from sidecar.config import Settings, default_policy_dir, format_table
 from sidecar.core.caller import Caller
+from sidecar.core.chunk_record import Status
 from sidecar.core.gate import Gate
 from sidecar.core.hits import Route
 from sidecar.core.modes import Mode
-from sidecar.core.record import Status
 from sidecar.enforcement.response_filter import FilterResult, ResponseFilter
 from sidecar.metrics import GateMetrics
-from sidecar.policy.regorus_engine import RegorusEngine
+from sidecar.rego.regorus_engine import RegorusEngine
 from sidecar.store.cache import CachedStore
 from sidecar.store.loader import parse_record
 from sidecar.store.sqlite import SqliteStore

@@ -11,12 +11,12 @@ import pytest
 
 from sidecar.config import default_policy_dir
 from sidecar.core.caller import Caller
+from sidecar.core.chunk_record import ChunkRecord
 from sidecar.core.gate import Gate
 from sidecar.core.hits import Candidate
 from sidecar.core.policy import PolicyError, policy_input, to_epoch_ns
 from sidecar.core.reasons import BUILTIN_ORDER, Reason, ReasonOrder
-from sidecar.core.record import ChunkRecord
-from sidecar.policy.regorus_engine import RegorusEngine
+from sidecar.rego.regorus_engine import RegorusEngine
 from sidecar.store.loader import parse_record
 from tests.fixtures.records import EFFECTIVE, record_dict, text_for
 

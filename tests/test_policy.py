@@ -19,8 +19,8 @@ import regorus
 from sidecar.config import default_policy_dir
 from sidecar.core.policy import PolicyEngine, PolicyError
 from sidecar.core.reasons import Reason
-from sidecar.policy.purity import called_functions, is_time_pure
-from sidecar.policy.regorus_engine import CompiledPolicy, RegorusEngine
+from sidecar.rego.purity import called_functions, is_time_pure
+from sidecar.rego.regorus_engine import CompiledPolicy, RegorusEngine
 
 NOW = 1_767_225_600_000_000_000
 HOUR = 3_600_000_000_000
@@ -577,7 +577,7 @@ def test_dropping_an_engine_while_its_threads_live_is_clean(
     assert unraisable == []
 
 
-# Time purity (sidecar.policy.purity); its effect on the cache: test_verdict_cache
+# Time purity (sidecar.rego.purity); its effect on the cache: test_verdict_cache
 
 
 def test_called_functions_names_builtins_and_policy_functions() -> None:

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from sidecar.core.record import ChunkRecord, Status
+from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.store import schema
 from sidecar.store.cache import CachedStore, NullCacheObserver
 from sidecar.store.listener import ChangeListener, change_listener

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.core.record import ChunkRecord, Status
+from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.store.loader import (
     RecordError,
     RecordsInvalid,

@@ -9,7 +9,7 @@ import pytest
 
 from sidecar.config import default_policy_dir
 from sidecar.core.policy import PolicyError
-from sidecar.policy.rego_tests import RegoTestResult, run_rego_tests
+from sidecar.rego.rego_tests import RegoTestResult, run_rego_tests
 
 POLICY_DIR = default_policy_dir()
 RESULTS = run_rego_tests(POLICY_DIR)

@@ -15,8 +15,8 @@ import regorus
 
 from sidecar.config import default_policy_dir
 from sidecar.core.policy import PolicyError
-from sidecar.policy.regorus_engine import RegorusEngine
-from sidecar.policy.request_policy import RequestPolicy
+from sidecar.rego.regorus_engine import RegorusEngine
+from sidecar.rego.request_policy import RequestPolicy
 
 FORBIDDEN = ["COLLECTION_FORBIDDEN"]
 DATA: dict[str, Any] = {

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from sidecar.core.record import ChunkRecord, Status
+from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.store.postgres import PostgresStore
 from sidecar.store.sqlite import SqliteStore
 from sidecar.store.store import ChunkNotFound, LifecycleError, MetadataStore, StoreUnavailable

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.core.record import ChunkRecord, Status
+from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.store.loader import RecordsInvalid, load_jsonl
 from sidecar.store.open import open_store
 from sidecar.store.sqlite import SCHEMA_VERSION, SqliteStore

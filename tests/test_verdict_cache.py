@@ -20,14 +20,14 @@ from hypothesis import strategies as st
 
 from sidecar.config import default_policy_dir
 from sidecar.core.caller import Caller
+from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.core.gate import DEFAULT_VERDICT_CACHE_SIZE, Gate
 from sidecar.core.hits import Candidate
 from sidecar.core.policy import PolicyError, to_epoch_ns
 from sidecar.core.reasons import Reason
-from sidecar.core.record import ChunkRecord, Status
 from sidecar.core.verdict_cache import VerdictCache
-from sidecar.policy.purity import time_pure_rule
-from sidecar.policy.regorus_engine import RegorusEngine, read_rego_sources
+from sidecar.rego.purity import time_pure_rule
+from sidecar.rego.regorus_engine import RegorusEngine, read_rego_sources
 from sidecar.store.loader import parse_record
 from tests.fixtures.records import EFFECTIVE, record_dict, text_for
 

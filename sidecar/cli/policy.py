@@ -9,7 +9,7 @@ from pathlib import Path
 from sidecar.cli.exit_codes import ExitCode
 from sidecar.config import default_policy_dir
 from sidecar.core.policy import PolicyError
-from sidecar.policy.rego_tests import run_rego_tests
+from sidecar.rego.rego_tests import run_rego_tests
 
 
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

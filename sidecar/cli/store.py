@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 
 from sidecar.cli.exit_codes import ExitCode
-from sidecar.core.record import Status
+from sidecar.core.chunk_record import Status
 from sidecar.store import postgres
 from sidecar.store.loader import RecordsInvalid, load_jsonl, quote_for_message, record_to_json
 from sidecar.store.open import is_postgres_url, open_store

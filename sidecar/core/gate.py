@@ -19,12 +19,12 @@ from datetime import datetime
 from hashlib import sha256
 
 from sidecar.core.caller import Caller
+from sidecar.core.chunk_record import ChunkRecord
 from sidecar.core.decision import ChunkDecision, Verdict
 from sidecar.core.hits import Candidate
 from sidecar.core.integrity import canonical_sha256
 from sidecar.core.policy import PolicyEngine, PolicyError, policy_input, to_epoch_ns
 from sidecar.core.reasons import Reason, ReasonOrder
-from sidecar.core.record import ChunkRecord
 from sidecar.core.verdict_cache import CallerKey, VerdictCache
 
 # Verdict cache entries by default: one per (caller, chunk record) pair.

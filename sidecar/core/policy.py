@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from sidecar.core.caller import Caller
-from sidecar.core.record import ChunkRecord
+from sidecar.core.chunk_record import ChunkRecord
 
 
 class PolicyError(Exception):

@@ -6,7 +6,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 
-from sidecar.core.record import ChunkRecord
+from sidecar.core.chunk_record import ChunkRecord
 
 _NEVER = float("-inf")
 _FOREVER = float("inf")

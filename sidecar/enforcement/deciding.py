@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from sidecar.core.caller import Caller
+from sidecar.core.chunk_record import ChunkRecord
 from sidecar.core.decision import Verdict
 from sidecar.core.gate import Gate
 from sidecar.core.hits import Candidate, Replacement
 from sidecar.core.reasons import Reason
-from sidecar.core.record import ChunkRecord
 from sidecar.store.cache import CachedStore
 
 # What may be wrong with a superseded chunk for its successor to take its place.

@@ -27,8 +27,8 @@ from sidecar.identity.headers import TrustedHeaders
 from sidecar.identity.jwt import JwtBearer, JwtVerifier
 from sidecar.identity.keys import key_source
 from sidecar.metrics import GateMetrics
-from sidecar.policy.regorus_engine import RegorusEngine
-from sidecar.policy.request_policy import RequestPolicy
+from sidecar.rego.regorus_engine import RegorusEngine
+from sidecar.rego.request_policy import RequestPolicy
 from sidecar.runtime.addresses import parse_host_port
 from sidecar.runtime.signals import StopSignals
 from sidecar.store.cache import CachedStore

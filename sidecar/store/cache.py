@@ -23,7 +23,7 @@ from typing import Protocol, TypeVar
 
 from cachetools import TTLCache
 
-from sidecar.core.record import ChunkRecord
+from sidecar.core.chunk_record import ChunkRecord
 from sidecar.store.store import MetadataStore, StoreUnavailable
 
 _V = TypeVar("_V")

@@ -7,7 +7,7 @@ it passes, so two concurrent changes cannot together break a rule.
 
 from __future__ import annotations
 
-from sidecar.core.record import ChunkRecord, Status
+from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.store.loader import quote_for_message
 from sidecar.store.store import ChunkNotFound, LifecycleError
 

@@ -15,8 +15,8 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import TypeVar
 
+from sidecar.core.chunk_record import CONTRACT_FIELDS, ChunkRecord, Status
 from sidecar.core.integrity import canonical_sha256
-from sidecar.core.record import CONTRACT_FIELDS, ChunkRecord, Status
 
 RECORD_FIELDS: frozenset[str] = frozenset(CONTRACT_FIELDS)
 

@@ -28,7 +28,7 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
-from sidecar.core.record import ChunkRecord, Status
+from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.postgres.dsn import PostgresUrl, parse_postgres_url
 from sidecar.postgres.errors import describe_error
 from sidecar.store.lifecycle import check_status_change

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
-from sidecar.core.record import ChunkRecord, Status
+from sidecar.core.chunk_record import ChunkRecord, Status
 
 _log = logging.getLogger(__name__)
 

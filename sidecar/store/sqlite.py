@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 
 import orjson
 
-from sidecar.core.record import CONTRACT_FIELDS, ChunkRecord, Status
+from sidecar.core.chunk_record import CONTRACT_FIELDS, ChunkRecord, Status
 from sidecar.store.lifecycle import check_status_change
 from sidecar.store.rows import RowCodec
 from sidecar.store.store import StoreUnavailable

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from typing import Protocol
 
-from sidecar.core.record import ChunkRecord, Status
+from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.store.loader import RecordError
 
 

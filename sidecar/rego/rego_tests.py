@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from sidecar.core.policy import PolicyError
-from sidecar.policy.regorus_engine import (
+from sidecar.rego.regorus_engine import (
     compile_sources,
     engine_error_message,
     package_path,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.core.policy import PolicyError
-from sidecar.policy.regorus_engine import CompiledPolicy, read_rego_sources
+from sidecar.rego.regorus_engine import CompiledPolicy, read_rego_sources
 
 REQUEST_QUERY = "data.retrieval_gate.request.denials"
 

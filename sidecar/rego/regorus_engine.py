@@ -3,8 +3,8 @@
 CompiledPolicy holds Rego sources and optional policy data, compiled into one
 regorus engine per thread, and evaluates any rule path. The chunk policy
 (RegorusEngine, here) and the request policy (RequestPolicy, in
-sidecar/policy/request_policy.py) are thin layers over it; whether the chunk
-policy's verdicts may be cached is decided in sidecar/policy/purity.py.
+sidecar/rego/request_policy.py) are thin layers over it; whether the chunk
+policy's verdicts may be cached is decided in sidecar/rego/purity.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import orjson
 import regorus
 
 from sidecar.core.policy import PolicyError
-from sidecar.policy.purity import is_time_pure
+from sidecar.rego.purity import is_time_pure
 
 DEFAULT_QUERY = "data.retrieval_gate.chunks.reasons"
 _TEST_SUFFIX = "_test.rego"

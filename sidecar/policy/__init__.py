@@ -1,1 +1,0 @@
-"""Rego policy engines behind one interface."""
