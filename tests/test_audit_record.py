@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import orjson
+
 from sidecar.audit.record import AuditRecord, Release, Substitution
 from sidecar.core.decision import ChunkDecision, Verdict
 from sidecar.core.modes import Mode
@@ -42,7 +44,7 @@ def test_a_decided_record_in_its_json_form() -> None:
         ChunkDecision(2, None, ("MALFORMED_CHUNK",), "no payload"),
     )
     release = Release(["a"], tenant_filter=True, overfetched=False)
-    assert _record(verdict, release).to_dict() == {
+    assert orjson.loads(orjson.dumps(_record(verdict, release).to_dict())) == {
         "decision_id": "d1",
         "request_id": "r1",
         "time": "2026-06-01T12:00:00.000000+00:00",

@@ -114,7 +114,7 @@ def _add_decisions(record: dict[str, object], verdict: Verdict) -> None:
             entry: dict[str, object] = {
                 "position": d.position,
                 "chunk_id": d.chunk_id,
-                "reasons": list(d.reasons),
+                "reasons": d.reasons,  # a tuple: orjson writes it as an array
             }
             if d.detail:
                 entry["detail"] = d.detail

@@ -33,7 +33,7 @@ class Released:
     outcome: Outcome
     status: int
     body: bytes | None
-    positions: tuple[int, ...]
+    positions: list[int]
     refusal: str | None = None
 
 
@@ -56,17 +56,17 @@ def release(
     try:
         if mode is Mode.AUDIT:
             if limits is None:
-                return Released(Outcome.PASSTHROUGH, 200, None, tuple(range(total)))
+                return Released(Outcome.PASSTHROUGH, 200, None, list(range(total)))
             return _rendered(Outcome.PASSTHROUGH, parsed, frozenset(range(total)), limits, {})
         if len(kept) == total:
             return _rendered(Outcome.FILTERED, parsed, kept, limits, replacements)
         if mode is Mode.STRICT:
-            return Released(Outcome.BLOCKED, 403, None, (), refusals.REJECTED_CHUNKS)
+            return Released(Outcome.BLOCKED, 403, None, [], refusals.REJECTED_CHUNKS)
         outcome = Outcome.FILTERED if kept else Outcome.ABSTAINED
         return _rendered(outcome, parsed, kept, limits, replacements)
     except Unreleasable as exc:
         # What is left would still carry what was removed (e.g. generated text).
-        return Released(Outcome.BLOCKED, 403, None, (), exc.code)
+        return Released(Outcome.BLOCKED, 403, None, [], exc.code)
 
 
 def _rendered(
@@ -77,4 +77,4 @@ def _rendered(
     replacements: Mapping[int, Replacement],
 ) -> Released:
     body = parsed.render(keep, limits, replacements)
-    return Released(outcome, 200, body, tuple(parsed.released_positions(keep, limits)))
+    return Released(outcome, 200, body, parsed.released_positions(keep, limits))

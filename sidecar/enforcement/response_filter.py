@@ -41,9 +41,9 @@ from sidecar.store.cache import CachedStore
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FilterResult:
-    """What to send the client instead of the upstream body.
+    """What to send the client instead of the upstream body (not frozen: see ``Decided``).
 
     ``body`` is the replacement body for a 200 (None: pass the upstream body
     unchanged). For any other ``status`` the client gets that status and
