@@ -81,7 +81,7 @@ class FloorServicer(ext_proc_grpc.ExternalProcessorServicer):
 
 
 async def serve(address: str, echo_body: bool, max_message_bytes: int) -> None:
-    # The same server options as the sidecar's gRPC server (sidecar/server.py).
+    # The same server options as the sidecar's gRPC server (sidecar/runtime/server.py).
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),

@@ -89,11 +89,21 @@ def test_http_urls(url: str, host: str, port: int, tls: bool, path: str) -> None
 
 @pytest.mark.parametrize(
     "url",
-    ["ftp://db", "http://", "db:6333", "http://user:pw@db:6333", "http://[::1", "http://db:x"],
+    ["ftp://db", "http://", "db:6333", "http://[::1", "http://db:x"],
 )
 def test_http_url_errors_name_the_url(url: str) -> None:
     with pytest.raises(ValueError, match="expected an http:// or https:// URL"):
         parse_http_url(url)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://user:s3cret@db:6333", "https://s3cret@idp.example/jwks", "ftp://u:s3cret@db"]
+)
+def test_credentials_in_a_url_are_refused_and_never_quoted(url: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        parse_http_url(url)
+    assert "s3cret" not in str(refused.value)
+    assert "***@" in str(refused.value)
 
 
 def test_upstream_takes_ipv6_and_the_scheme_default_port() -> None:

@@ -256,3 +256,42 @@ def test_an_unreadable_body_is_recorded_without_decisions(core: Core) -> None:
     for absent in ("candidates", "rejected", "admitted", "released", "policy_version"):
         assert absent not in record
     assert core.sample("retrieval_gate_responses_total", outcome="error", format="qdrant") == 1
+
+
+def _on_a_full_disk(core: Core, mode: Mode = Mode.ENFORCE) -> ResponseFilter:
+    """The core's filter, writing its audit log to /dev/full (every write: ENOSPC)."""
+    return ResponseFilter(
+        formats=format_table(Settings()),
+        store=core.store,
+        gate=core.gate,
+        audit=JsonlAuditSink(Path("/dev/full")),
+        metrics=core.metrics,
+        route_policy=Settings(mode=mode).route_policy,
+        clock=lambda: core.now,
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "body"), [(Mode.ENFORCE, None), (Mode.STRICT, None), (Mode.ENFORCE, b"not json")]
+)
+def test_a_decision_that_cannot_be_recorded_is_not_released(
+    core: Core, mode: Mode, body: bytes | None
+) -> None:
+    core.filter = _on_a_full_disk(core, mode)
+    if body is None:
+        result = core.search("1", "3")
+    else:
+        fmt = core.filter.format_for(SEARCH)
+        assert fmt is not None
+        result = asyncio.run(core.filter.filter(fmt, SEARCH, ALICE, "req-1", body))
+    assert (result.status, result.body) == (500, b'{"error":"audit_unavailable"}')
+    assert core.sample("retrieval_gate_responses_total", outcome="error", format="qdrant") == 1
+    assert core.sample("retrieval_gate_audit_errors_total") == 1
+
+
+def test_audit_mode_passes_no_unreadable_body_it_cannot_record(core: Core) -> None:
+    core.filter = _on_a_full_disk(core, Mode.AUDIT)
+    fmt = core.filter.format_for(SEARCH)
+    assert fmt is not None
+    result = asyncio.run(core.filter.filter(fmt, SEARCH, ALICE, "req-1", b"not json"))
+    assert (result.status, result.body) == (500, b'{"error":"audit_unavailable"}')

@@ -170,7 +170,7 @@ def test_everything_rejected_is_a_valid_empty_result(gate: Gate) -> None:
         NOW,
     )
     assert verdict.admitted_positions == frozenset()
-    assert verdict.rejected_count == 2
+    assert [d.admitted for d in verdict.decisions] == [False, False]
 
 
 def test_repeated_chunk_in_a_batch_is_decided_at_every_position(gate: Gate) -> None:

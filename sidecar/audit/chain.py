@@ -8,10 +8,11 @@ breaks its own digest; deleting or reordering records breaks ``seq`` and the
 links. Truncating the newest records is only detectable against an external
 copy of the last ``seq``/digest, which is why sinks log them when they close.
 
-Every writer links with :func:`link` and every reader checks with
-:class:`ChainWalk`, so the JSON Lines sink, the PostgreSQL shipper and both
-verifiers agree on what an intact chain is and name a broken link in the same
-words.
+Every writer links with :func:`link`, and every reader that walks a chain
+(the PostgreSQL shipper and both verifiers) checks with :class:`ChainWalk`,
+so they agree on what an intact chain is and name a broken link in the same
+words. The JSON Lines sink, on restart, checks only its last line's digest
+(:func:`record_digest`) before it continues the chain.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class ChunkDecision:
+    """One candidate's decision. Its first reason is the primary one, counted in metrics."""
+
     position: int
     chunk_id: str | None
     reasons: tuple[str, ...]  # canonical order; empty means admitted
@@ -14,16 +16,14 @@ class ChunkDecision:
 
     @property
     def admitted(self) -> bool:
+        """True when nothing is wrong with the chunk."""
         return not self.reasons
-
-    @property
-    def primary(self) -> str | None:
-        """The first failing reason: the one counted in metrics."""
-        return self.reasons[0] if self.reasons else None
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
+    """The decisions for one response's candidates, in candidate order."""
+
     decisions: tuple[ChunkDecision, ...]
     policy_version: str
     policy_failed: bool
@@ -33,12 +33,5 @@ class Verdict:
 
     @property
     def admitted_positions(self) -> frozenset[int]:
+        """The body positions of the admitted candidates."""
         return frozenset(d.position for d in self.decisions if d.admitted)
-
-    @property
-    def admitted_count(self) -> int:
-        return sum(1 for d in self.decisions if d.admitted)
-
-    @property
-    def rejected_count(self) -> int:
-        return len(self.decisions) - self.admitted_count

@@ -74,7 +74,6 @@ class ResponseFilter:
         self._formats = formats
         self._route_policy = route_policy
         self._overfetch_cap = overfetch_cap
-        self._clock = clock
         self._decider = Decider(store, gate, clock)
         self._recorder = Recorder(
             audit, metrics, clock, verdict_cache_on=gate.verdict_cache is not None
@@ -170,8 +169,7 @@ class ResponseFilter:
             )
         except AuditError:
             # A decision that cannot be recorded is not released.
-            self._recorder.unrecorded(fmt.name)
-            return FilterResult(Outcome.ERROR, 500, refusals.error_body(refusals.AUDIT_UNAVAILABLE))
+            return self._unrecorded(fmt.name)
 
         headers = {
             "x-retrieval-gate-decision-id": facts.decision_id,
@@ -189,8 +187,17 @@ class ResponseFilter:
         """A search response the gate cannot read: 502, or passed and recorded in audit mode."""
         audit_mode = facts.mode is Mode.AUDIT
         outcome = Outcome.PASSTHROUGH if audit_mode else Outcome.ERROR
-        self._recorder.unreadable(facts, outcome, error)
+        try:
+            self._recorder.unreadable(facts, outcome, error)
+        except AuditError:
+            # Not even an audit-mode pass goes out unrecorded.
+            return self._unrecorded(facts.format_name)
         if audit_mode:
             return FilterResult(outcome, 200, None)
         body = refusals.error_body(error, decision_id=facts.decision_id)
         return FilterResult(outcome, 502, body)
+
+    def _unrecorded(self, format_name: str) -> FilterResult:
+        """The answer for a response whose audit record could not be written: 500."""
+        self._recorder.unrecorded(format_name)
+        return FilterResult(Outcome.ERROR, 500, refusals.error_body(refusals.AUDIT_UNAVAILABLE))

@@ -96,13 +96,34 @@ def parse_http_url(url: str) -> HttpEndpoint:
     The host is lower-cased (host names are case-insensitive; it becomes the
     TLS server name). Credentials in the URL are refused, not dropped.
     """
-    error = ValueError(f"expected an http:// or https:// URL, got {url!r}")
+    shown = _without_userinfo(url)
+    error = ValueError(f"expected an http:// or https:// URL, got {shown!r}")
     try:
         parts = urlsplit(url)  # raises ValueError on a malformed [v6] host
-        if parts.scheme not in ("http", "https") or "@" in parts.netloc:
-            raise error
-        tls = parts.scheme == "https"
+    except ValueError:
+        raise error from None
+    if parts.scheme not in ("http", "https"):
+        raise error
+    if "@" in parts.netloc:
+        raise ValueError(f"credentials in a URL are not accepted: {shown!r}")
+    tls = parts.scheme == "https"
+    try:
         address = parse_host_port(parts.netloc, default_port=443 if tls else 80)
     except ValueError:
         raise error from None
     return HttpEndpoint(address.host.lower(), address.port, tls, parts.path)
+
+
+def _without_userinfo(url: str) -> str:
+    """``url`` with anything before an ``@`` in its authority replaced by ``***``.
+
+    The refused URL is quoted in errors, which reach the terminal and logs: a
+    password in it must not.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    if "@" not in authority:
+        return url
+    return f"{scheme}://***@{authority.rpartition('@')[2]}{slash}{path}"
