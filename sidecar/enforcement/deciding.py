@@ -37,7 +37,7 @@ class Decided:
     kept: frozenset[int] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.kept = self.verdict.admitted_positions | self.replacements.keys()
+        self.kept = self.verdict.admitted_positions.union(self.replacements)
 
 
 class Decider:

@@ -55,7 +55,10 @@ class Recorder:
         *,
         verdict_cache_on: bool,
     ) -> None:
-        """``verdict_cache_on``: count verdict-cache misses (only meaningful with a cache)."""
+        """``clock`` dates each record (timezone-aware, as the decision core's is).
+
+        ``verdict_cache_on``: count verdict-cache misses (only meaningful with a cache).
+        """
         self._audit = audit
         self._metrics = metrics
         self._clock = clock
