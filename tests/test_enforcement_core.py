@@ -19,12 +19,12 @@ import pytest
 
 from sidecar.audit.jsonl import JsonlAuditSink
 from sidecar.audit.verify import verify_chain
-from sidecar.config import Settings, default_policy_dir, format_table
+from sidecar.config import RouteOptions, Settings, default_policy_dir, format_table
 from sidecar.core.caller import Caller
 from sidecar.core.chunk_record import Status
 from sidecar.core.gate import Gate
 from sidecar.core.hits import Route
-from sidecar.core.modes import Mode
+from sidecar.core.modes import Mode, RoutePolicy
 from sidecar.enforcement.response_filter import FilterResult, ResponseFilter
 from sidecar.metrics import GateMetrics
 from sidecar.rego.regorus_engine import RegorusEngine
@@ -295,3 +295,32 @@ def test_audit_mode_passes_no_unreadable_body_it_cannot_record(core: Core) -> No
     assert fmt is not None
     result = asyncio.run(core.filter.filter(fmt, SEARCH, ALICE, "req-1", b"not json"))
     assert (result.status, result.body) == (500, b'{"error":"audit_unavailable"}')
+
+
+def test_route_policies_are_resolved_once_per_path_and_never_mixed(core: Core) -> None:
+    settings = Settings(routes={"/collections/sops/": RouteOptions(mode=Mode.STRICT)})
+    resolved: list[str] = []
+
+    def route_policy(path: str) -> RoutePolicy:
+        resolved.append(path)
+        return settings.route_policy(path)
+
+    core.filter = ResponseFilter(
+        formats=format_table(settings),
+        store=core.store,
+        gate=core.gate,
+        audit=core.audit,
+        metrics=core.metrics,
+        route_policy=route_policy,
+        clock=lambda: core.now,
+    )
+    strict = Route("POST", "/collections/sops/points/search")
+    body = orjson.dumps(
+        {"result": [{"id": int(i), "payload": {"text": text_for(i)}} for i in ("1", "3")]}
+    )
+    fmt = core.filter.format_for(SEARCH)
+    assert fmt is not None
+    for _ in range(3):
+        assert asyncio.run(core.filter.filter(fmt, strict, ALICE, "r", body)).status == 403
+        assert asyncio.run(core.filter.filter(fmt, SEARCH, ALICE, "r", body)).status == 200
+    assert sorted(resolved) == sorted([strict.path, SEARCH.path])

@@ -40,6 +40,9 @@ from sidecar.store.cache import CachedStore
 
 log = logging.getLogger(__name__)
 
+# Route policies remembered per request path.
+_POLICIES_KEPT = 4096
+
 
 @dataclass(slots=True)
 class FilterResult:
@@ -73,6 +76,7 @@ class ResponseFilter:
     ) -> None:
         self._formats = formats
         self._route_policy = route_policy
+        self._policies: dict[str, RoutePolicy] = {}
         self._overfetch_cap = overfetch_cap
         self._decider = Decider(store, gate, clock)
         self._recorder = Recorder(
@@ -85,7 +89,7 @@ class ResponseFilter:
 
     def rewriter_for(self, fmt: ResponseFormat, route: Route) -> RequestRewriter | None:
         """The format's request rewriter when this route pushes the tenant down or over-fetches."""
-        policy = self._route_policy(route.path)
+        policy = self._policy_for(route.path)
         if policy.tenant_key is None and policy.overfetch_factor <= 1:
             return None
         if not isinstance(fmt, RequestRewriter) or not fmt.rewrites_request(route):
@@ -96,7 +100,7 @@ class ResponseFilter:
         self, rewriter: RequestRewriter, route: Route, caller: Caller, body: bytes
     ) -> RequestRewrite:
         """Inject the caller's tenant filter and over-fetch; raises MalformedRequest."""
-        policy = self._route_policy(route.path)
+        policy = self._policy_for(route.path)
         return rewriter.rewrite_request(
             body,
             route,
@@ -115,7 +119,7 @@ class ResponseFilter:
     ) -> FilterResult:
         """Answer for a search response the gate cannot read (e.g. compressed): 502."""
         log.warning("unreadable %s response on %s: %s", fmt.name, route.path, why)
-        mode = self._route_policy(route.path).mode
+        mode = self._policy_for(route.path).mode
         facts = ResponseFacts(
             uuid.uuid4().hex, request_id, caller, fmt.name, mode, time.perf_counter()
         )
@@ -136,7 +140,7 @@ class ResponseFilter:
         limits trim over-fetched results back to what the application asked for.
         """
         started = time.perf_counter()
-        policy = self._route_policy(route.path)
+        policy = self._policy_for(route.path)
         facts = ResponseFacts(uuid.uuid4().hex, request_id, caller, fmt.name, policy.mode, started)
         try:
             parsed = fmt.parse(body, route)
@@ -201,3 +205,16 @@ class ResponseFilter:
         """The answer for a response whose audit record could not be written: 500."""
         self._recorder.unrecorded(format_name)
         return FilterResult(Outcome.ERROR, 500, refusals.error_body(refusals.AUDIT_UNAVAILABLE))
+
+    def _policy_for(self, path: str) -> RoutePolicy:
+        """``route_policy(path)``, remembered per path (bounded).
+
+        Settings never change while the sidecar runs, and resolving the route
+        overrides costs more than the rest of a small response's bookkeeping.
+        """
+        policy = self._policies.get(path)
+        if policy is None:
+            if len(self._policies) >= _POLICIES_KEPT:
+                self._policies.clear()  # paths are the client's: keep the memo bounded
+            policy = self._policies[path] = self._route_policy(path)
+        return policy
