@@ -16,6 +16,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from sidecar.core.hits import path_under
 from sidecar.core.modes import Mode, RoutePolicy
 from sidecar.formats.registry import FormatTable, build_format_table
 from sidecar.identity.claims import DEFAULT_PRINCIPAL_CLAIMS
@@ -242,8 +243,11 @@ class Settings:
         return self.max_body_bytes + 256 * 1024
 
     def route_policy(self, path: str) -> RoutePolicy:
-        """Mode, push-down and over-fetch for a request path (longest route prefix wins)."""
-        best = max((p for p in self.routes if path.startswith(p)), key=len, default=None)
+        """Mode, push-down and over-fetch for a request path.
+
+        The longest route prefix that ``path`` is under, by whole segments, wins.
+        """
+        best = max((p for p in self.routes if path_under(path, p)), key=len, default=None)
         options = self.routes[best] if best is not None else RouteOptions()
         push_down = options.push_down if options.push_down is not None else True
         tenant_key = options.tenant_key or self.tenant_key

@@ -131,3 +131,20 @@ def test_bad_format_options_are_named(tmp_path: Path, table: str, message: str) 
     config.write_text('identity = "trusted-headers"\n' + table)
     with pytest.raises(ConfigError, match=message):
         load_settings(config)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "path", "covered"),
+    [
+        ("/collections/public", "/collections/public/points/search", True),
+        ("/collections/public", "/collections/public", True),
+        ("/collections/public", "/collections/public-hr/points/search", False),
+        ("/collections/public/", "/collections/public/points/search", True),
+        ("/collections/public/", "/collections/public-hr/points/search", False),
+    ],
+)
+def test_route_settings_match_whole_path_segments(prefix: str, path: str, covered: bool) -> None:
+    settings = load_settings(
+        overrides={"identity": "trusted-headers", "routes": {prefix: {"mode": "audit"}}}
+    )
+    assert (settings.route_policy(path).mode is Mode.AUDIT) is covered

@@ -31,6 +31,18 @@ class Route:
     path: str  # without the query string
 
 
+def path_under(path: str, prefix: str) -> bool:
+    """True when ``path`` is ``prefix`` or below it, by whole path segments.
+
+    ``/collections/public`` covers ``/collections/public/points/search`` but
+    not ``/collections/public-hr/...``; a prefix ending in ``/`` covers what
+    is below it.
+    """
+    if not path.startswith(prefix):
+        return False
+    return prefix.endswith("/") or len(path) == len(prefix) or path[len(prefix)] == "/"
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """One hit in a response body.

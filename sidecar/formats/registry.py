@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from sidecar.core.hits import Route, RouteKind
+from sidecar.core.hits import Route, RouteKind, path_under
 from sidecar.formats.base import ResponseFormat
 from sidecar.formats.chroma import ChromaFormat
 from sidecar.formats.elasticsearch import ElasticsearchFormat
@@ -83,7 +83,7 @@ class FormatTable:
         does not know is content: the prefix says what is behind it, so an
         unrecognised route there is not just any unknown route.
         """
-        prefix = max((p for p in self._pinned if _under(route.path, p)), key=len, default=None)
+        prefix = max((p for p in self._pinned if path_under(route.path, p)), key=len, default=None)
         if prefix is None:
             return classify(route, self.formats)
         pinned = self._by_name[self._pinned[prefix]]
@@ -100,13 +100,6 @@ class FormatTable:
         if found is None or found[1] is not RouteKind.FILTERED:
             return None
         return found[0]
-
-
-def _under(path: str, prefix: str) -> bool:
-    """True when ``path`` is ``prefix`` or below it, segment by segment."""
-    if not path.startswith(prefix):
-        return False
-    return prefix.endswith("/") or len(path) == len(prefix) or path[len(prefix)] == "/"
 
 
 def build_format_table(
