@@ -27,6 +27,15 @@ log = logging.getLogger(__name__)
 GATE_HEADER_PREFIX = "x-gate-"
 
 _COLLECTION = re.compile(r"/collections/([^/?]+)")
+# Methods without a request body that ask about a resource rather than use it:
+# HEAD answers with the length and existence of what GET would return, OPTIONS
+# with what a route allows. On routes that return chunks, either is an oracle.
+# The methods whose answers each one probes.
+_PROBES: dict[str, tuple[str, ...]] = {"HEAD": ("GET",), "OPTIONS": ("GET", "POST")}
+_CONTENT_KINDS = frozenset({RouteKind.FILTERED, RouteKind.CONTENT})
+# Headers some servers and frameworks take as the request's real method. The
+# gate decides on the method Envoy saw, so the upstream must not see another.
+METHOD_OVERRIDE_HEADERS = ("x-http-method", "x-http-method-override", "x-method-override")
 
 
 def path_problem(path: str) -> str | None:
@@ -101,6 +110,9 @@ class RequestAccess:
         if problem is not None:
             log.info("request refused: %s", problem)
             raise AccessDenied(400, refusals.PATH_NOT_CANONICAL)
+        if self._probes_content(request.method.upper(), request.path):
+            log.info("request refused: %s on a route that returns chunks", request.method)
+            raise AccessDenied(405, refusals.METHOD_NOT_ALLOWED)
         try:
             caller = await self._identity.identify(request)
         except IdentityError as exc:
@@ -111,7 +123,14 @@ class RequestAccess:
             self._check_policy(caller, request)
         strip = {h for h in request.headers if h.startswith(GATE_HEADER_PREFIX)}
         strip.update(self._identity.strip_headers)
+        strip.update(h for h in METHOD_OVERRIDE_HEADERS if h in request.headers)
         return Admission(caller, tuple(sorted(strip)))
+
+    def _probes_content(self, method: str, path: str) -> bool:
+        """True for HEAD where GET on ``path`` returns chunks (filtered or not), and for
+        OPTIONS where GET or POST does."""
+        probed = _PROBES.get(method, ())
+        return any(self._route_kind(Route(m, path)) in _CONTENT_KINDS for m in probed)
 
     def _check_policy(self, caller: Caller, request: AuthRequest) -> None:
         assert self._request_policy is not None

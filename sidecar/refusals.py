@@ -16,6 +16,8 @@ import orjson
 
 # Request path.
 PATH_NOT_CANONICAL: Final = "path_not_canonical"
+# HEAD or OPTIONS on a route that returns chunks: an existence and size oracle.
+METHOD_NOT_ALLOWED: Final = "method_not_allowed"
 IDENTITY_MISSING: Final = "identity_missing"
 REQUEST_BODY_MALFORMED: Final = "request_body_malformed"
 POLICY_ERROR: Final = "policy_error"  # the request policy could not be evaluated

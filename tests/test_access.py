@@ -1,0 +1,76 @@
+"""The request path's own refusals, before identity and the request policy.
+
+HEAD and OPTIONS on a route that returns chunks (filtered or not) answer with
+the size or the existence of what a GET would return: refused. Headers that
+some servers take as the real method never reach the upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sidecar.access import AccessDenied, RequestAccess
+from sidecar.formats.elasticsearch import ElasticsearchFormat
+from sidecar.formats.qdrant import QdrantFormat
+from sidecar.formats.registry import FormatTable
+from sidecar.identity import AuthRequest
+from sidecar.identity.headers import TrustedHeaders
+
+IDENTITY = {"x-gate-tenant": "acme", "x-gate-principals": "user:a"}
+ROUTES = FormatTable([QdrantFormat(), ElasticsearchFormat()])
+
+
+def admit(method: str, path: str, headers: dict[str, str] | None = None) -> tuple[str, ...]:
+    access = RequestAccess(TrustedHeaders(), None, route_kind=ROUTES.route_kind)
+    request = AuthRequest(method, path, {**IDENTITY, **(headers or {})})
+    return asyncio.run(access.admit(request)).strip_headers
+
+
+@pytest.mark.parametrize("method", ["HEAD", "OPTIONS", "head"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/collections/docs/points/search",  # Qdrant search: filtered
+        "/collections/docs/points/count",  # Qdrant count: content
+        "/docs/_search",  # Elasticsearch search: filtered
+        "/docs/_doc/1",  # Elasticsearch document by id: content (existence oracle)
+    ],
+)
+def test_probes_of_routes_that_return_chunks_are_refused(method: str, path: str) -> None:
+    with pytest.raises(AccessDenied) as refused:
+        admit(method, path)
+    assert refused.value.status == 405
+    assert refused.value.body() == b'{"error":"method_not_allowed"}'
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("HEAD", "/collections/docs"),  # GET: collection info
+        ("HEAD", "/"),
+        ("OPTIONS", "/"),
+        ("OPTIONS", "/docs/_mapping"),
+    ],
+)
+def test_probes_of_routes_without_chunks_pass(method: str, path: str) -> None:
+    admit(method, path)
+
+
+def test_options_is_refused_where_any_method_returns_chunks() -> None:
+    # GET /collections/docs is a read, but a POST there is content.
+    with pytest.raises(AccessDenied):
+        admit("OPTIONS", "/collections/docs")
+
+
+@pytest.mark.parametrize("header", ["x-http-method-override", "x-http-method", "x-method-override"])
+def test_method_override_headers_are_stripped(header: str) -> None:
+    assert header in admit("POST", "/collections/docs/points/search", {header: "DELETE"})
+
+
+def test_nothing_is_stripped_that_was_not_sent() -> None:
+    assert admit("POST", "/collections/docs/points/search") == (
+        "x-gate-principals",
+        "x-gate-tenant",
+    )
