@@ -90,7 +90,7 @@ def test_envoy_jwt_bootstrap_is_valid(tmp_path: Path, keys: str) -> None:
         options["jwt_hmac_secret_file"] = tmp_path / "secret"
     settings = Settings(identity=IdentityMode.ENVOY_JWT, **options)  # type: ignore[arg-type]
     generated = None
-    if keys in ("pem", "hmac"):
+    if keys != "jwks_url":
         generated = tmp_path / "generated.json"
         write_generated_jwks(settings, generated)
         assert generated.stat().st_mode & 0o077 == 0  # only the owner may read the key
@@ -130,6 +130,26 @@ def test_envoy_jwt_refuses_weak_keys(tmp_path: Path, kind: str, message: str) ->
         settings = Settings(identity=IdentityMode.ENVOY_JWT, jwt_public_key=tmp_path / "key")
     with pytest.raises(ValueError, match=message):
         write_generated_jwks(settings, tmp_path / "out.json")
+
+
+def test_envoy_jwt_gets_only_the_jwks_file_keys_jwt_mode_would_use(tmp_path: Path) -> None:
+    from tests.fixtures import tokens
+
+    strong = tokens.KeyPair.rsa(kid="strong")
+    weak = tokens.KeyPair.rsa(kid="weak", bits=1024)
+    (tmp_path / "jwks.json").write_text(json.dumps(tokens.jwks(strong, weak)))
+    settings = Settings(identity=IdentityMode.ENVOY_JWT, jwks=str(tmp_path / "jwks.json"))
+
+    write_generated_jwks(settings, tmp_path / "generated.json")
+
+    generated = json.loads((tmp_path / "generated.json").read_text())
+    assert [key["kid"] for key in generated["keys"]] == ["strong"]
+    (tmp_path / "weak.json").write_text(json.dumps(tokens.jwks(weak)))
+    with pytest.raises(ValueError, match="no usable signature verification key"):
+        write_generated_jwks(
+            Settings(identity=IdentityMode.ENVOY_JWT, jwks=str(tmp_path / "weak.json")),
+            tmp_path / "out.json",
+        )
 
 
 def test_generated_bootstrap_lists_every_worker(tmp_path: Path) -> None:

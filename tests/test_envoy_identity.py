@@ -50,11 +50,16 @@ def rsa_key() -> tokens.KeyPair:
     return tokens.KeyPair.rsa()
 
 
+# An RSA key below 2048 bits, listed in the JWKS file beside the good one: `jwt`
+# mode never verifies with it, so Envoy must not either.
+WEAK_KEY = tokens.KeyPair.rsa(kid="weak", bits=1024)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, rsa_key: tokens.KeyPair) -> Iterator[GateStack]:
     workdir = tmp_path_factory.mktemp("envoy-jwt")
     jwks = workdir / "jwks.json"
-    jwks.write_text(json.dumps(tokens.jwks(rsa_key)))
+    jwks.write_text(json.dumps(tokens.jwks(rsa_key, WEAK_KEY)))
     data = workdir / "policy-data.json"
     data.write_text(
         json.dumps({"retrieval_gate": {"collections": {"hr": {"tenants": ["globex"]}}}})
@@ -112,6 +117,9 @@ def _bad_tokens(key: tokens.KeyPair) -> dict[str, str | None]:
         "bad signature": tokens.token(other, alice()),
         "tampered": tokens.tamper(tokens.token(key, alice()), tenant="globex"),
         "alg none": tokens.unsigned_token(alice()),
+        # Envoy takes a token without exp as never expiring; `jwt` mode refuses it.
+        "no exp": tokens.token(key, alice(exp=None)),
+        "weak key": tokens.token(WEAK_KEY, alice()),
         "missing": None,
     }
 
@@ -125,9 +133,13 @@ def _bad_tokens(key: tokens.KeyPair) -> dict[str, str | None]:
         ("bad signature", "signature_invalid"),
         ("tampered", "signature_invalid"),
         ("alg none", None),
+        ("no exp", "token_malformed"),
+        ("weak key", "key_unknown"),
         ("missing", "token_missing"),
     ],
 )
+# Signing with WEAK_KEY is the point of one case: PyJWT's warning about it is expected.
+@pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
 def test_invalid_tokens_are_401_and_never_reach_the_db(
     stack: GateStack, rsa_key: tokens.KeyPair, case: str, code: str | None
 ) -> None:

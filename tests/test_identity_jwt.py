@@ -452,7 +452,7 @@ def envoy_provider(**options: Any) -> EnvoyJwtPayload:
     return EnvoyJwtPayload(ClaimMapping(), issuer=ISSUER, audience=AUDIENCE, **options)
 
 
-VERIFIED = {"iss": ISSUER, "aud": AUDIENCE}
+VERIFIED = {"iss": ISSUER, "aud": AUDIENCE, "exp": 1.9e9}
 
 
 def test_envoy_jwt_payload_maps_the_verified_payload() -> None:
@@ -470,7 +470,7 @@ def test_envoy_jwt_payload_with_custom_namespace_and_key() -> None:
 
 
 def test_envoy_jwt_payload_accepts_an_audience_list() -> None:
-    payload = {"iss": ISSUER, "aud": ["other", AUDIENCE], "tenant": "t", "sub": "u"}
+    payload = {"iss": ISSUER, "aud": ["other", AUDIENCE], "exp": 1.9e9, "tenant": "t", "sub": "u"}
     request = envoy_request({"envoy.filters.http.jwt_authn": {"jwt_payload": payload}})
     assert asyncio.run(envoy_provider().identify(request)).tenant == "t"
 
@@ -487,11 +487,31 @@ def test_envoy_jwt_payload_accepts_an_audience_list() -> None:
             "tenant_missing",
         ),
         (
-            {"envoy.filters.http.jwt_authn": {"jwt_payload": {"aud": AUDIENCE, "tenant": "t"}}},
+            {"envoy.filters.http.jwt_authn": {"jwt_payload": {"iss": ISSUER, "aud": AUDIENCE}}},
+            "token_malformed",  # no exp: refused as `jwt` mode refuses it
+        ),
+        (
+            {
+                "envoy.filters.http.jwt_authn": {
+                    "jwt_payload": {"iss": ISSUER, "aud": AUDIENCE, "exp": True, "tenant": "t"}
+                }
+            },
+            "token_malformed",
+        ),
+        (
+            {
+                "envoy.filters.http.jwt_authn": {
+                    "jwt_payload": {"aud": AUDIENCE, "exp": 1.9e9, "tenant": "t"}
+                }
+            },
             "issuer_mismatch",
         ),
         (
-            {"envoy.filters.http.jwt_authn": {"jwt_payload": {"iss": ISSUER, "tenant": "t"}}},
+            {
+                "envoy.filters.http.jwt_authn": {
+                    "jwt_payload": {"iss": ISSUER, "exp": 1.9e9, "tenant": "t"}
+                }
+            },
             "audience_mismatch",
         ),
     ],

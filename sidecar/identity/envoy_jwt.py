@@ -9,7 +9,8 @@ metadata, so a payload found there is as trustworthy as Envoy's verification.
 jwt_authn is configured never to refuse on its own, so that every identity
 failure gets the sidecar's 401 with a machine-readable reason; issuer and
 audience are checked here for the same reason (Envoy answers a wrong audience
-with 403).
+with 403). A token without ``exp``, which Envoy takes as never expiring, is
+refused here as `jwt` mode refuses it.
 """
 
 from __future__ import annotations
@@ -80,6 +81,11 @@ class EnvoyJwtPayload:
             )
         if not isinstance(payload, Mapping):
             raise IdentityError("token_malformed", "the JWT payload in metadata is not an object")
+        exp = payload.get("exp")
+        if isinstance(exp, bool) or not isinstance(exp, int | float):
+            # Envoy accepts a token without exp as never expiring; `jwt` mode
+            # requires one, and both modes must refuse the same tokens.
+            raise IdentityError("token_malformed", "token has no 'exp' claim")
         if payload.get("iss") != self._issuer:
             raise IdentityError("issuer_mismatch", "token issuer is not the configured issuer")
         audience = payload.get("aud")

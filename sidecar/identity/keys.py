@@ -154,6 +154,11 @@ class JwksFile:
             raise ValueError(f"{origin}: cannot read JWKS: {error}") from error
         self._keys = _KeySet.from_jwks(document, origin)
 
+    @property
+    def keys(self) -> tuple[VerificationKey, ...]:
+        """The usable keys: entries not for signatures, unsupported or too weak are left out."""
+        return self._keys.keys
+
     async def key_for(self, kid: str | None) -> VerificationKey:
         """The key with this kid (or the only key when the token has none)."""
         key = self._keys.find(kid)

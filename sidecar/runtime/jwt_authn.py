@@ -8,7 +8,11 @@ answers every identity failure, with the same 401 and machine-readable reason
 in every mode, and without a verified payload nothing is admitted.
 
 Keys reach Envoy by file name, never inline, so secrets do not show up in
-Envoy's configuration dump.
+Envoy's configuration dump. A PEM key, an HMAC secret or a JWKS file reaches
+Envoy as a JWKS the sidecar writes from the keys its own loader accepts
+(``sidecar.identity.keys``), so `envoy-jwt` verifies with no key that `jwt`
+mode would refuse. A JWKS URL is fetched by Envoy itself: its keys are not
+checked (docs/identity.md).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
 from sidecar.config import ConfigError, Settings
 from sidecar.identity.envoy_jwt import FAILURE_KEY, JWT_AUTHN_NAMESPACE, PAYLOAD_KEY
-from sidecar.identity.keys import HmacSecret, PemPublicKey, VerificationKey
+from sidecar.identity.keys import HmacSecret, JwksFile, PemPublicKey, VerificationKey
 from sidecar.runtime.addresses import parse_http_url
 
 PROVIDER = "retrieval_gate"
@@ -38,11 +42,21 @@ def _is_url(jwks: str | None) -> bool:
 
 
 def needs_generated_jwks(settings: Settings) -> bool:
-    """True when the key is a PEM file or HMAC secret that Envoy needs as a JWKS file."""
-    return settings.jwt_public_key is not None or settings.jwt_hmac_secret_file is not None
+    """True when Envoy gets its keys from a JWKS file the sidecar writes (every key but a URL)."""
+    return not _is_url(settings.jwks)
 
 
 def _jwk(key: VerificationKey) -> dict[str, Any]:
+    jwk = _public_jwk(key)
+    if key.kid is not None:
+        jwk["kid"] = key.kid
+    if len(key.algorithms) == 1:
+        # A key narrowed to one algorithm (an EC curve, EdDSA, a JWK's own alg) stays narrowed.
+        jwk["alg"] = key.algorithms[0]
+    return jwk
+
+
+def _public_jwk(key: VerificationKey) -> dict[str, Any]:
     value = key.key
     if isinstance(value, bytes):
         k = base64.urlsafe_b64encode(value).rstrip(b"=").decode()
@@ -50,28 +64,32 @@ def _jwk(key: VerificationKey) -> dict[str, Any]:
     if isinstance(value, rsa.RSAPublicKey):
         return dict(RSAAlgorithm.to_jwk(value, as_dict=True))
     if isinstance(value, ec.EllipticCurvePublicKey):
-        return dict(ECAlgorithm.to_jwk(value, as_dict=True), alg=key.algorithms[0])
+        return dict(ECAlgorithm.to_jwk(value, as_dict=True))
     if isinstance(value, ed25519.Ed25519PublicKey):
-        return dict(OKPAlgorithm.to_jwk(value, as_dict=True), alg="EdDSA")
+        return dict(OKPAlgorithm.to_jwk(value, as_dict=True))
     raise ValueError("unsupported key type")
 
 
 def write_generated_jwks(settings: Settings, path: Path) -> None:
-    """Write the PEM key or HMAC secret as a JWKS file only its owner can read.
+    """Write the configured keys as a JWKS file only its owner can read.
 
-    The key is loaded with the same checks as the sidecar's own verification
-    (RSA >= 2048 bits, HMAC secrets >= 32 bytes), so `envoy-jwt` accepts no
-    weaker key than `jwt`.
+    The keys are loaded with the same checks as the sidecar's own verification
+    (RSA >= 2048 bits, HMAC secrets >= 32 bytes; a JWKS file's weak or
+    unsupported entries left out with a warning, none usable an error), so
+    `envoy-jwt` accepts no weaker key than `jwt`.
     """
+    keys: tuple[VerificationKey, ...]
     if settings.jwt_public_key is not None:
-        key = PemPublicKey(settings.jwt_public_key).key
+        keys = (PemPublicKey(settings.jwt_public_key).key,)
     elif settings.jwt_hmac_secret_file is not None:
-        key = HmacSecret(settings.jwt_hmac_secret_file).key
+        keys = (HmacSecret(settings.jwt_hmac_secret_file).key,)
+    elif settings.jwks is not None and not _is_url(settings.jwks):
+        keys = JwksFile(settings.jwks).keys
     else:
-        raise ValueError("no PEM key or HMAC secret configured")
+        raise ValueError("no PEM key, HMAC secret or JWKS file configured")
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-        json.dump({"keys": [_jwk(key)]}, handle)
+        json.dump({"keys": [_jwk(key) for key in keys]}, handle)
 
 
 def _jwks_source(settings: Settings, generated_jwks: Path | None) -> dict[str, Any]:
@@ -82,10 +100,8 @@ def _jwks_source(settings: Settings, generated_jwks: Path | None) -> dict[str, A
                 "cache_duration": "300s",
             }
         }
-    if settings.jwks:
-        return {"local_jwks": {"filename": str(Path(settings.jwks).resolve())}}
     if generated_jwks is None:
-        raise ValueError("a PEM key or HMAC secret needs a generated JWKS file for Envoy")
+        raise ValueError("a PEM key, HMAC secret or JWKS file needs a generated JWKS for Envoy")
     return {"local_jwks": {"filename": str(generated_jwks)}}
 
 
