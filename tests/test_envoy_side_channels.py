@@ -67,3 +67,27 @@ def test_a_route_setting_covers_its_own_segment_only(stack: GateStack) -> None:
     assert search_ids(stack.search(SEARCH.format("public"))) == [1, 2]
     # /collections/public-hr is not under it: enforced, the foreign hit removed.
     assert search_ids(stack.search(SEARCH.format("public-hr"))) == [1]
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/vectors/list"),  # Pinecone: every tenant's ids
+        ("POST", "/describe_index_stats"),  # Pinecone: counts, with a filter a match oracle
+        ("GET", "/namespaces"),  # Pinecone: namespace names and record counts
+        ("POST", "/namespaces/acme/documents/list"),
+        ("GET", "/api/v2/tenants/t/databases/d/collections/c/count"),  # Chroma
+        ("POST", "/v2/vectordb/collections/get_stats"),  # Milvus row counts
+        ("GET", "/docs/_count"),  # Elasticsearch: a match oracle
+        ("GET", "/_cat/count/docs"),
+        ("GET", "/_cat/indices"),
+        ("GET", "/docs/_stats"),
+    ],
+)
+def test_listing_and_counting_routes_are_refused_before_the_upstream(
+    stack: GateStack, method: str, path: str
+) -> None:
+    stack.upstream.requests.clear()
+    response = stack.search(path, method=method, body=b"{}" if method == "POST" else b"")
+    assert response.status == 403, response.body
+    assert stack.upstream.requests == []

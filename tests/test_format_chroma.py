@@ -204,7 +204,6 @@ READ = [
     ("GET", f"{DB}/collections_count"),
     ("GET", f"{DB}/collections/docs"),
     ("GET", f"{DB}/collections/by-id/{COLLECTION_ID}"),
-    ("GET", f"{COLL}/count"),
     ("GET", f"{COLL}/fork_count"),
     ("GET", f"{COLL}/indexing_status"),
     ("GET", f"{COLL}/functions/stats"),
@@ -230,6 +229,8 @@ WRITE = [
     ("POST", f"{COLL}/attached_functions/stats/detach"),
 ]
 CONTENT = [
+    # A collection's record count counts every tenant's records.
+    ("GET", f"{COLL}/count"),
     # Unknown to the adapter: a newer server's endpoint may return records.
     ("POST", f"{COLL}/export"),
     ("GET", f"{COLL}/records"),
@@ -322,7 +323,7 @@ def test_every_route_of_the_openapi_document_is_classified() -> None:
             "POST",
             "/tenants/{t}/databases/{d}/collections/{c}/attached_functions/{n}/detach",
         ): RouteKind.WRITE,
-        ("GET", "/tenants/{t}/databases/{d}/collections/{c}/count"): RouteKind.READ,
+        ("GET", "/tenants/{t}/databases/{d}/collections/{c}/count"): RouteKind.CONTENT,
         ("POST", "/tenants/{t}/databases/{d}/collections/{c}/delete"): RouteKind.WRITE,
         ("POST", "/tenants/{t}/databases/{d}/collections/{c}/fork"): RouteKind.WRITE,
         ("GET", "/tenants/{t}/databases/{d}/collections/{c}/fork_count"): RouteKind.READ,

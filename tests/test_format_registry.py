@@ -178,7 +178,7 @@ def test_field_defaults_reach_only_the_formats_that_take_them() -> None:
         ("GET", "/collections/_search", ("elasticsearch", RouteKind.FILTERED)),
         ("GET", "/collections/_doc/1", ("elasticsearch", RouteKind.CONTENT)),
         ("GET", "/namespaces/_search", ("elasticsearch", RouteKind.FILTERED)),
-        ("GET", "/namespaces/_count", ("elasticsearch", RouteKind.CONTENT)),
+        ("GET", "/namespace-aliases/_count", ("elasticsearch", RouteKind.CONTENT)),
         # Only Qdrant knows this one.
         ("GET", "/collections/docs", ("qdrant", RouteKind.READ)),
     ],

@@ -32,7 +32,7 @@ from sidecar.formats.base import MalformedBody, ResponseAdapter, id_field_option
 from sidecar.formats.body import HitBody, Selection
 from sidecar.formats.hits import Field, Found, HitLayout, Hits, usable_id, usable_text
 
-_F, _R, _W = RouteKind.FILTERED, RouteKind.READ, RouteKind.WRITE
+_C, _F, _R, _W = RouteKind.CONTENT, RouteKind.FILTERED, RouteKind.READ, RouteKind.WRITE
 _NAME: Final = "{}"  # a path segment that names something: tenant, database, collection ...
 _DB: Final = ("tenants", _NAME, "databases", _NAME)
 _COLLECTION: Final = (*_DB, "collections", _NAME)
@@ -59,7 +59,7 @@ _ROUTES: Final[tuple[tuple[tuple[str, ...], Mapping[str, RouteKind]], ...]] = (
     ((*_COLLECTION, "query"), {"POST": _F}),
     ((*_COLLECTION, "get"), {"POST": _F}),
     ((*_COLLECTION, "search"), {"POST": _F}),
-    ((*_COLLECTION, "count"), {"GET": _R}),
+    ((*_COLLECTION, "count"), {"GET": _C}),  # records of every tenant in the collection
     ((*_COLLECTION, "fork_count"), {"GET": _R}),
     ((*_COLLECTION, "indexing_status"), {"GET": _R}),
     ((*_COLLECTION, "add"), {"POST": _W}),
@@ -245,9 +245,10 @@ class ChromaFormat(ResponseAdapter[bool]):
 
         FILTERED: POST ``.../collections/{id}/query``, ``/get``, ``/search``.
         READ: heartbeat, version, health, identity, and the GETs of tenants,
-        databases, collections, counts and attached functions. WRITE: every
-        route that creates, changes or deletes. CONTENT: the legacy ``/api/v1``
-        and any ``/api/v2`` route not in the API this adapter knows.
+        databases, collections, collection counts and attached functions. WRITE: every
+        route that creates, changes or deletes. CONTENT: a collection's record
+        count (it counts every tenant's records), the legacy ``/api/v1`` and
+        any ``/api/v2`` route not in the API this adapter knows.
         """
         return _kind(route)
 

@@ -35,7 +35,8 @@ class _Rule(Enum):
 # included: an oracle for their text), _validate rewrites queries with terms
 # read from documents, _graph returns terms of documents, _insights other callers'
 # queries, _mvt hit fields, _rank_eval per-query hits, _terms_enum field
-# values, _snapshot a whole index past every per-chunk check. DERIVED: _ml
+# values, _snapshot a whole index past every per-chunk check, _stats and
+# _segments count every tenant's documents. DERIVED: _ml
 # results and category examples quote documents, _text_structure samples an
 # index, OpenSearch's ML memory holds conversations and its agents search
 # indices. The search endpoints are matched before these rules, which cover
@@ -53,7 +54,7 @@ _APIS: Final[Mapping[_Rule, tuple[str, ...]]] = {
     _Rule.CONTENT: (
         "_async_search", "_eql", "_explain", "_graph", "_insights", "_mget", "_mtermvectors",
         "_mvt", "_query", "_rank_eval", "_rollup_search", "_snapshot", "_sql", "_terms_enum",
-        "_termvectors", "_count", "_validate",
+        "_termvectors", "_count", "_validate", "_stats", "_segments",
         "_plugins/_asynchronous_search", "_plugins/_ppl", "_plugins/_sql",
     ),
     _Rule.DERIVED: (
@@ -71,8 +72,8 @@ _APIS: Final[Mapping[_Rule, tuple[str, ...]]] = {
         "_project", "_project_routing", "_query_rules", "_recovery", "_refresh", "_reindex",
         "_reload_search_analyzers", "_remote", "_remotestore", "_rollover", "_rollup",
         "_script_context", "_script_language", "_scripts", "_searchable_snapshots",
-        "_security", "_segments", "_settings", "_shard_stores", "_shrink", "_slm", "_split",
-        "_ssl", "_stats", "_streams", "_synonyms", "_tasks", "_template", "_transform",
+        "_security", "_settings", "_shard_stores", "_shrink", "_slm", "_split",
+        "_ssl", "_streams", "_synonyms", "_tasks", "_template", "_transform",
         "_upgrade", "_watcher", "_wlm", "_xpack",
         "_plugins/_flow_framework", "_plugins/_ism", "_plugins/_knn", "_plugins/_ltr",
         "_plugins/_neural", "_plugins/_notifications", "_plugins/_query",
@@ -90,6 +91,14 @@ _SEARCH_SUB_RULES: Final[Mapping[str, _Rule]] = {
     "scroll": _Rule.READ,
     "point_in_time": _Rule.READ,
     "pipeline": _Rule.ADMIN,
+}
+
+# Sub-paths of read and administrative APIs that count every tenant's
+# documents (docs.count and the like).
+_COUNTING: Final[Mapping[str, frozenset[str]]] = {
+    "_cat": frozenset({"count", "indices", "shards", "segments"}),
+    "_cluster": frozenset({"stats"}),
+    "_nodes": frozenset({"stats"}),
 }
 
 # Actions that return stored documents, or results computed from them, from
@@ -153,6 +162,8 @@ def _kind(method: str, api: str, rest: list[str]) -> RouteKind:
     rule = RULES.get(api, _Rule.DERIVED)
     if api == "_search" and rest:
         rule = _SEARCH_SUB_RULES.get(rest[0], _Rule.DERIVED)
+    if not _COUNTING.get(api, frozenset()).isdisjoint(rest):
+        rule = _Rule.CONTENT
     match rule:
         case _Rule.READ:
             return RouteKind.READ

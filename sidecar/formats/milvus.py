@@ -52,7 +52,6 @@ _READS: Final = frozenset(
         "list",
         "has",
         "describe",
-        "get_stats",
         "get_load_state",
         "get_progress",
         "get_compaction_state",
@@ -160,7 +159,8 @@ class MilvusFormat(ResponseAdapter[str]):
         FILTERED: POST ``/v2/vectordb/entities/`` search, hybrid_search
         (advanced_search, its old name), query and get. CONTENT: those paths
         with other methods, unknown ``entities`` actions, anything about
-        snapshots (they export collections), and v1 search, query and get.
+        snapshots (they export collections), ``get_stats`` (row counts of
+        every tenant), and v1 search, query and get.
         READ: list, has, describe and the other status actions of any v2 group;
         the v1 collection and bulk-insert listings. WRITE: everything else
         under ``/v2/vectordb/`` and ``/v1/vector/``.
@@ -174,6 +174,8 @@ class MilvusFormat(ResponseAdapter[str]):
                 return RouteKind.CONTENT
             case ["", "v2", "vectordb", *rest] if {"snapshot", "snapshots"} & set(rest):
                 return RouteKind.CONTENT
+            case ["", "v2", "vectordb", _, "get_stats"]:
+                return RouteKind.CONTENT  # row counts of every tenant
             case ["", "v2", "vectordb", _, *_, action]:
                 return RouteKind.READ if action in _READS else RouteKind.WRITE
             case ["", "v1", "vector", action] if action in _V1_CONTENT:

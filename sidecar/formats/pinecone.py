@@ -116,7 +116,8 @@ class _PineconeBody(HitBody):
 _VECTOR_KINDS: Final[Mapping[str, RouteKind]] = {
     "fetch": RouteKind.CONTENT,  # vectors with their metadata, by id
     "fetch_by_metadata": RouteKind.CONTENT,  # the same, by metadata filter
-    "list": RouteKind.READ,  # ids only (ListItem has nothing else)
+    # The ids of every tenant's vectors, and with a prefix a match test on them.
+    "list": RouteKind.CONTENT,
     "upsert": RouteKind.WRITE,
     "update": RouteKind.WRITE,
     "delete": RouteKind.WRITE,
@@ -124,7 +125,7 @@ _VECTOR_KINDS: Final[Mapping[str, RouteKind]] = {
 _DOCUMENT_KINDS: Final[Mapping[str, RouteKind]] = {
     "search": RouteKind.CONTENT,  # 2026-07 documents API: not filtered by this adapter
     "fetch": RouteKind.CONTENT,
-    "list": RouteKind.READ,  # ids only
+    "list": RouteKind.CONTENT,  # the ids of every tenant's documents
     "upsert": RouteKind.WRITE,
     "update": RouteKind.WRITE,
     "delete": RouteKind.WRITE,
@@ -147,6 +148,11 @@ def _endpoint(route: Route) -> _Endpoint | None:
         case ["", "records", "namespaces", namespace, "search"] if namespace:
             return _SEARCH
     return None
+
+
+def _listing_or_write(route: Route) -> RouteKind:
+    """Collections of records' metadata (namespaces): reading them is content, the rest writes."""
+    return RouteKind.CONTENT if route.method.upper() in ("GET", "HEAD") else RouteKind.WRITE
 
 
 def _read_or_write(route: Route) -> RouteKind:
@@ -177,10 +183,11 @@ class PineconeFormat(ResponseAdapter[_Endpoint]):
 
         FILTERED: ``POST /query`` and ``POST /records/namespaces/{ns}/search``.
         CONTENT: vector fetches, the documents API's search and fetch, other
-        methods on the filtered paths, and unknown paths under ``/vectors``,
-        ``/records`` or ``/namespaces/{ns}/`` (they may return stored data).
-        READ: index stats, vector and document id lists, GET on namespaces,
-        namespace aliases and imports. WRITE: upserts, updates, deletes and
+        methods on the filtered paths, unknown paths under ``/vectors``,
+        ``/records`` or ``/namespaces/{ns}/`` (they may return stored data),
+        and what counts or lists records of every tenant: index stats, vector
+        and document id lists, GET on namespaces. READ: GET on namespace
+        aliases and imports. WRITE: upserts, updates, deletes and
         every other method on those collections.
         """
         if _endpoint(route) is not None:
@@ -193,15 +200,18 @@ class PineconeFormat(ResponseAdapter[_Endpoint]):
             case ["", "query"] | ["", "records", *_] | ["", "vectors", *_]:
                 return RouteKind.CONTENT
             case ["", "describe_index_stats"]:
-                return RouteKind.READ
+                # Vector counts per namespace, and with a filter the count of
+                # matches: an oracle for other tenants' metadata.
+                return RouteKind.CONTENT
             case ["", "namespaces", namespace, "documents", action] if namespace:
                 return _DOCUMENT_KINDS.get(action, RouteKind.CONTENT)
             case ["", "namespaces", namespace, _, *_] if namespace:
                 return RouteKind.CONTENT
+            case ["", "namespaces"] | ["", "namespaces", _]:
+                # Namespace names and record counts: often one namespace per tenant.
+                return _listing_or_write(route)
             case (
-                ["", "namespaces"]
-                | ["", "namespaces", _]
-                | ["", "namespace-aliases"]
+                ["", "namespace-aliases"]
                 | ["", "namespace-aliases", _]
                 | ["", "bulk", "imports"]
                 | ["", "bulk", "imports", _]
