@@ -10,6 +10,7 @@ exactly what they said before.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import orjson
 import pytest
 
 from sidecar.audit.jsonl import JsonlAuditSink
+from sidecar.audit.sink import AuditSink
 from sidecar.audit.verify import verify_chain
 from sidecar.config import RouteOptions, Settings, default_policy_dir, format_table
 from sidecar.core.caller import Caller
@@ -42,7 +44,6 @@ POLICY = RegorusEngine.from_directory(default_policy_dir())
 
 class Core:
     def __init__(self, tmp_path: Path) -> None:
-        settings = Settings()
         self.now = NOW
         self.inner = SqliteStore(tmp_path / "gate.db")
         self.metrics = GateMetrics()
@@ -50,13 +51,21 @@ class Core:
         self.gate = Gate(POLICY)
         self.audit_path = tmp_path / "audit.jsonl"
         self.audit = JsonlAuditSink(self.audit_path)
-        self.filter = ResponseFilter(
-            formats=format_table(settings),
+        self.filter = self.response_filter()
+
+    def response_filter(
+        self,
+        route_policy: Callable[[str], RoutePolicy] | None = None,
+        audit: AuditSink | None = None,
+    ) -> ResponseFilter:
+        """A filter over this core's store, gate, metrics and clock; the audit sink may differ."""
+        return ResponseFilter(
+            formats=format_table(Settings()),
             store=self.store,
             gate=self.gate,
-            audit=self.audit,
+            audit=audit or self.audit,
             metrics=self.metrics,
-            route_policy=settings.route_policy,
+            route_policy=route_policy or Settings().route_policy,
             clock=lambda: self.now,
         )
 
@@ -219,15 +228,7 @@ def test_the_audit_record_takes_its_time_from_the_injected_clock(core: Core) -> 
 
 
 def test_a_strict_refusal_is_recorded_with_its_code_and_nothing_released(core: Core) -> None:
-    core.filter = ResponseFilter(
-        formats=format_table(Settings()),
-        store=core.store,
-        gate=core.gate,
-        audit=core.audit,
-        metrics=core.metrics,
-        route_policy=Settings(mode=Mode.STRICT).route_policy,
-        clock=lambda: core.now,
-    )
+    core.filter = core.response_filter(Settings(mode=Mode.STRICT).route_policy)
     result = core.search("1", "3")
     record = core.last_audit()
     assert result.status == 403
@@ -260,14 +261,8 @@ def test_an_unreadable_body_is_recorded_without_decisions(core: Core) -> None:
 
 def _on_a_full_disk(core: Core, mode: Mode = Mode.ENFORCE) -> ResponseFilter:
     """The core's filter, writing its audit log to /dev/full (every write: ENOSPC)."""
-    return ResponseFilter(
-        formats=format_table(Settings()),
-        store=core.store,
-        gate=core.gate,
-        audit=JsonlAuditSink(Path("/dev/full")),
-        metrics=core.metrics,
-        route_policy=Settings(mode=mode).route_policy,
-        clock=lambda: core.now,
+    return core.response_filter(
+        Settings(mode=mode).route_policy, audit=JsonlAuditSink(Path("/dev/full"))
     )
 
 
@@ -305,15 +300,7 @@ def test_route_policies_are_resolved_once_per_path_and_never_mixed(core: Core) -
         resolved.append(path)
         return settings.route_policy(path)
 
-    core.filter = ResponseFilter(
-        formats=format_table(settings),
-        store=core.store,
-        gate=core.gate,
-        audit=core.audit,
-        metrics=core.metrics,
-        route_policy=route_policy,
-        clock=lambda: core.now,
-    )
+    core.filter = core.response_filter(route_policy)
     strict = Route("POST", "/collections/sops/points/search")
     body = orjson.dumps(
         {"result": [{"id": int(i), "payload": {"text": text_for(i)}} for i in ("1", "3")]}
