@@ -27,7 +27,13 @@ from sidecar.core.hits import Route
 from sidecar.enforcement.response_filter import FilterResult, ResponseFilter
 from sidecar.envoy.content_encoding import UndecodableBody, decode, parse_content_encoding
 from sidecar.envoy.messages import header_dict, immediate, set_headers
-from sidecar.formats.base import MalformedRequest, RequestRewrite, RequestRewriter, ResponseFormat
+from sidecar.formats.base import (
+    MalformedRequest,
+    RequestRewrite,
+    RequestRewriter,
+    ResponseFormat,
+    UnfilterableRequest,
+)
 from sidecar.identity import AuthRequest
 from sidecar.wire import envoy_processing_mode_pb2 as processing_mode
 from sidecar.wire import ext_proc_pb2 as ext_proc
@@ -200,6 +206,9 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             return _refuse(500, refusals.GATE_MISCONFIGURED, "retrieval_gate_not_buffered")
         try:
             rewrite = self._filter.rewrite_request(rewriter, route, caller, message.body)
+        except UnfilterableRequest as exc:
+            log.info("request refused: %s", exc.code)
+            return _refuse(400, exc.code, "retrieval_gate_unfilterable_request")
         except MalformedRequest:
             return _refuse(400, refusals.REQUEST_BODY_MALFORMED, "retrieval_gate_bad_request")
         exchange.rewrite = rewrite

@@ -24,6 +24,7 @@ Request rewriters have their skeleton in ``rewriter``.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,6 +59,18 @@ class Unreleasable(Exception):
 
 class MalformedRequest(Exception):
     """A search request body the gate cannot read; answer 400, never forward it."""
+
+
+class UnfilterableRequest(MalformedRequest):
+    """A search request the gate can read but cannot restrict to the caller's tenant.
+
+    For example a query language construct the push-down does not know how
+    to wrap safely. Answered 400 with ``code``; never forwarded as it is.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ParsedBody(Protocol):
@@ -121,13 +134,16 @@ class RequestRewrite:
     app asked for where the gate raised it, None where it did not. It is empty
     when nothing was over-fetched. Pass it to ``ParsedBody.render`` as it is.
     ``tenant_filter`` and ``overfetched`` say what was applied, for the audit
-    record.
+    record. ``collections`` are the collections the body names beyond the
+    path (a lookup collection, a GraphQL class, a batch line's index), for
+    the request policy's ownership check.
     """
 
     body: bytes
     limits: tuple[int | None, ...]
     tenant_filter: bool
     overfetched: bool
+    collections: tuple[str, ...] = ()
 
 
 @runtime_checkable
@@ -205,9 +221,22 @@ class ResponseAdapter(ABC, Generic[ShapeT]):
         """Check ``document``, number its hits and return the body to render."""
 
 
+def load_json(body: bytes) -> Any:
+    """The body as a JSON value; raises MalformedBody (or orjson's error) otherwise.
+
+    A body with a duplicate key in any object is refused: the gate (which,
+    like orjson, keeps the last) and a client that keeps the first would read
+    two different bodies, for example an error where the client sees rows.
+    """
+    document = orjson.loads(body)
+    if _has_duplicate_keys(body, document):
+        raise MalformedBody("an object has the same key twice")
+    return document
+
+
 def load_object(body: bytes) -> dict[str, Any]:
     """The body as a JSON object; raises MalformedBody (or orjson's error) otherwise."""
-    document = orjson.loads(body)
+    document = load_json(body)
     if not isinstance(document, dict):
         raise MalformedBody("top level is not a JSON object")
     return document
@@ -231,3 +260,46 @@ def id_field_option(value: object, text_field: str | None = None) -> str | None:
     if value is not None and value == text_field:
         raise ValueError("id_field must differ from text_field")
     return value
+
+
+def _has_duplicate_keys(body: bytes, document: Any) -> bool:
+    """True when some object of ``body`` (decoded as ``document``) names a key twice.
+
+    Every key of the text is followed by one colon outside strings, and a
+    repeated key leaves one entry fewer in the decoded object. So when the
+    body has no more colons than the decoded objects have keys, no key
+    repeats; this settles most bodies in one pass. Bodies whose strings hold
+    colons are decoded again, pair by pair.
+    """
+    if body.count(b":") == _key_count(document):
+        return False
+    try:
+        json.loads(body, object_pairs_hook=_unique_pairs)
+    except _DuplicateKey:
+        return True
+    return False
+
+
+def _key_count(document: Any) -> int:
+    """The number of keys in every object of ``document``; a stack, not recursion."""
+    count = 0
+    pending = [document]
+    while pending:
+        value = pending.pop()
+        if type(value) is dict:
+            count += len(value)
+            pending.extend(value.values())
+        elif type(value) is list:
+            pending.extend(value)
+    return count
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        raise _DuplicateKey
+    return document

@@ -36,10 +36,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-import orjson
-
 from sidecar.core.hits import Route, RouteKind
-from sidecar.formats.base import MalformedBody, ResponseAdapter
+from sidecar.formats.base import MalformedBody, ResponseAdapter, load_json
 from sidecar.formats.body import HitBody, Selection
 from sidecar.formats.generic_options import Layout, checked_layout, checked_name, checked_routes
 from sidecar.formats.hits import Field, HitLayout, Hits
@@ -197,7 +195,7 @@ class GenericFormat(ResponseAdapter[Layout]):
 
     def _load(self, body: bytes, shape: Layout) -> Any:
         # Any JSON value: an in-house API may answer with a bare array ("$[*]").
-        return orjson.loads(body)
+        return load_json(body)
 
     def _read(self, document: Any, shape: Layout) -> _GenericBody:
         found = _lists(shape.lists, document)

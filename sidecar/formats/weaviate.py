@@ -51,14 +51,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import orjson
-
 from sidecar.core.hits import Replacement, Route, RouteKind
 from sidecar.formats.base import (
     MalformedBody,
     ResponseAdapter,
     Unreleasable,
     id_field_option,
+    load_json,
     load_object,
     text_field_option,
 )
@@ -484,7 +483,7 @@ class WeaviateFormat(ResponseAdapter[bool]):
     def _load(self, body: bytes, shape: bool) -> Any:
         if not shape:
             return load_object(body)
-        document = orjson.loads(body)
+        document = load_json(body)
         if not isinstance(document, list):
             raise MalformedBody("a GraphQL batch response is not a JSON list")
         return document
