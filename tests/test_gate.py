@@ -14,6 +14,7 @@ from sidecar.core.caller import Caller
 from sidecar.core.chunk_record import ChunkRecord
 from sidecar.core.gate import Gate
 from sidecar.core.hits import Candidate
+from sidecar.core.integrity import canonical_fields, fields_sha256
 from sidecar.core.policy import PolicyError, policy_input, to_epoch_ns
 from sidecar.core.reasons import BUILTIN_ORDER, Reason, ReasonOrder
 from sidecar.rego.regorus_engine import RegorusEngine
@@ -264,3 +265,95 @@ def test_policy_is_evaluated_once_per_response() -> None:
     records = {f"c{i}": record(f"c{i}") for i in range(5)}
     gate.decide(ALICE, cands, records, frozenset(), NOW)
     assert calls == [5]
+
+
+# --- hashed payload fields -----------------------------------------------------------------
+
+FIELDS = {"title": "Refunds", "metadata.source": "kb/7"}
+
+
+def with_fields(chunk_id: str, values: Mapping[str, object] = FIELDS) -> Candidate:
+    return dataclasses.replace(candidate(chunk_id), fields=canonical_fields(values))
+
+
+def payload_record(
+    chunk_id: str, values: Mapping[str, object] = FIELDS, **overrides: Any
+) -> ChunkRecord:
+    return record(chunk_id, payload=dict(values), **overrides)
+
+
+def decide_detail(
+    gate: Gate, rec: ChunkRecord, cand: Candidate
+) -> tuple[tuple[str, ...], str | None]:
+    [decision] = gate.decide(ALICE, [cand], {rec.chunk_id: rec}, frozenset(), NOW).decisions
+    return decision.reasons, decision.detail
+
+
+def test_hashed_fields_matching_the_record_are_admitted(gate: Gate) -> None:
+    rec = payload_record("c1")
+    assert rec.payload_sha256 == fields_sha256(canonical_fields(FIELDS))
+    # Same fields in another order, and decomposed where the record has composed text.
+    reordered = {"metadata.source": "kb/7", "title": "Refunds"}
+    assert decide_detail(gate, rec, with_fields("c1", reordered)) == ((), None)
+    accented = payload_record("c2", {"title": "Caf\u00e9"})
+    assert decide_one(gate, accented, cand=with_fields("c2", {"title": "Cafe\u0301"})) == ()
+
+
+@pytest.mark.parametrize(
+    "tampered",
+    [
+        {"title": "Refunds (edited)", "metadata.source": "kb/7"},
+        {"title": "Refunds", "metadata.source": "evil.example"},
+        {"title": "Refunds"},  # a declared field removed from the hit
+        {"title": "Refunds", "metadata.source": "kb/7", "metadata.author": "x"},
+        {"title": "Refunds", "metadata.source": None},
+    ],
+)
+def test_tampered_fields_are_a_payload_hash_mismatch(
+    gate: Gate, tampered: dict[str, object]
+) -> None:
+    reasons, detail = decide_detail(gate, payload_record("c1"), with_fields("c1", tampered))
+    assert reasons == (Reason.PAYLOAD_HASH_MISMATCH,)
+    assert detail is None
+
+
+def test_record_without_payload_hash_rejects_hashed_fields(gate: Gate) -> None:
+    reasons, detail = decide_detail(gate, record("c1"), with_fields("c1"))
+    assert reasons == (Reason.PAYLOAD_HASH_MISMATCH,)
+    assert detail == "record has no payload_sha256"
+    assert "Refunds" not in detail
+
+
+def test_candidate_without_fields_is_not_checked(gate: Gate) -> None:
+    assert decide_one(gate, payload_record("c1")) == ()  # the format declares no hashed field
+    assert decide_one(gate, record("c1")) == ()
+
+
+def test_payload_mismatch_ranks_between_hash_mismatch_and_signature_missing(gate: Gate) -> None:
+    rec = payload_record("c1", sha256="0" * 64, requires_signature=True, status="revoked")
+    cand = with_fields("c1", {"title": "edited"})
+    assert decide_one(gate, rec, cand=cand) == (
+        Reason.STATUS_REVOKED,
+        Reason.HASH_MISMATCH,
+        Reason.PAYLOAD_HASH_MISMATCH,
+        Reason.SIGNATURE_MISSING,
+    )
+    order = list(BUILTIN_ORDER)
+    assert order.index("PAYLOAD_HASH_MISMATCH") == order.index("HASH_MISMATCH") + 1
+
+
+def test_unencodable_fields_are_a_mismatch_not_a_crash(gate: Gate) -> None:
+    odd = dataclasses.replace(candidate("c1"), fields='{"title":"\ud800"}')
+    assert decide_one(gate, payload_record("c1"), cand=odd) == (Reason.PAYLOAD_HASH_MISMATCH,)
+
+
+def test_payload_check_runs_with_a_warm_verdict_cache() -> None:
+    cached = Gate(RegorusEngine.from_directory(default_policy_dir()))
+    assert cached.verdict_cache is not None
+    rec = payload_record("c1")
+    assert decide_one(cached, rec, cand=with_fields("c1")) == ()
+    verdict = cached.decide(
+        ALICE, [with_fields("c1", {"title": "edited"})], {"c1": rec}, frozenset(), NOW
+    )
+    assert verdict.verdicts_cached == 1
+    assert verdict.decisions[0].reasons == (Reason.PAYLOAD_HASH_MISMATCH,)

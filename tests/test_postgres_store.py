@@ -27,6 +27,7 @@ from sidecar.store.schema import MigrationFailed
 from sidecar.store.sqlite import SqliteStore
 from sidecar.store.store import SchemaMismatch, StoreUnavailable
 from tests.fixtures.postgres import ADMIN_URL, fresh_database
+from tests.fixtures.records import EFFECTIVE
 from tests.fixtures.records import chunk_record as record
 
 pytestmark = pytest.mark.postgres
@@ -91,12 +92,10 @@ def test_migrations_are_versioned_and_idempotent() -> None:
         with pytest.raises(SchemaMismatch, match=r"no retrieval-gate schema.*store migrate"):
             open_store(database)
         applied = migrate(database)
-        assert [(m.version, m.name) for m in applied] == [
-            (1, "chunks"),
-            (2, "electronic_signatures"),
-        ]
+        shipped = [(1, "chunks"), (2, "electronic_signatures"), (3, "payload_sha256")]
+        assert [(m.version, m.name) for m in applied] == shipped
         assert migrate(database) == []
-        assert applied_versions(database) == [(1, "chunks"), (2, "electronic_signatures")]
+        assert applied_versions(database) == shipped
         store = open_store(database)
         assert isinstance(store, PostgresStore)
 
@@ -108,32 +107,64 @@ def test_older_and_newer_schemas_are_refused(monkeypatch: pytest.MonkeyPatch) ->
             older_build.setattr(schema, "migrations", lambda: first)
             older_build.setattr(schema, "latest_version", lambda: 1)
             assert [m.version for m in migrate(database)] == [1]
-        with pytest.raises(SchemaMismatch, match="version 1, this build needs version 2"):
+        with pytest.raises(SchemaMismatch, match="version 1, this build needs version 3"):
             PostgresStore(database)
-        assert [m.version for m in migrate(database)] == [2]
+        assert [m.version for m in migrate(database)] == [2, 3]
         PostgresStore(database)
         with psycopg.connect(database, autocommit=True) as connection:
-            connection.execute("INSERT INTO schema_migrations (version, name) VALUES (3, 'x')")
-        with pytest.raises(SchemaMismatch, match="version 3, newer than"):
+            connection.execute("INSERT INTO schema_migrations (version, name) VALUES (4, 'x')")
+        with pytest.raises(SchemaMismatch, match="version 4, newer than"):
             PostgresStore(database)
         with pytest.raises(SchemaMismatch, match="newer"):
             migrate(database)
 
 
 def test_a_failing_migration_is_rolled_back_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    broken = schema.Migration(3, "broken", "CREATE TABLE half_done (x int); SELECT 1/0;")
+    broken = schema.Migration(4, "broken", "CREATE TABLE half_done (x int); SELECT 1/0;")
     with fresh_database() as database:
         shipped = schema.migrations()
         monkeypatch.setattr(schema, "migrations", lambda: (*shipped, broken))
-        monkeypatch.setattr(schema, "latest_version", lambda: 3)
+        monkeypatch.setattr(schema, "latest_version", lambda: 4)
         with pytest.raises(
-            MigrationFailed, match=r"migration 0003 \(broken\) failed.*division by zero"
+            MigrationFailed, match=r"migration 0004 \(broken\) failed.*division by zero"
         ):
             migrate(database)
-        assert [v for v, _ in applied_versions(database)] == [1, 2]
+        assert [v for v, _ in applied_versions(database)] == [1, 2, 3]
         with psycopg.connect(database) as connection:
             row = connection.execute("SELECT to_regclass('half_done')").fetchone()
         assert row == (None,)
+
+
+def test_payload_sha256_migration_upgrades_a_version_2_database(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with fresh_database() as database:
+        with monkeypatch.context() as version_2_build:
+            first_two = schema.migrations()[:2]
+            version_2_build.setattr(schema, "migrations", lambda: first_two)
+            version_2_build.setattr(schema, "latest_version", lambda: 2)
+            migrate(database)
+        with psycopg.connect(database, autocommit=True) as connection:
+            # A row as a version 2 build wrote it (no payload_sha256 column yet).
+            connection.execute(
+                "INSERT INTO chunks (chunk_id, doc_id, version, tenant_id, allowed_principals,"
+                " status, effective_at, sha256, text) VALUES"
+                " ('c-1', 'doc', '1', 'acme', '{group:support}', 'approved', %s, %s, 'kept')",
+                (EFFECTIVE, "ab" * 32),
+            )
+        assert [(m.version, m.name) for m in migrate(database)] == [(3, "payload_sha256")]
+        store = PostgresStore(database)
+        # Records from before the migration vouch for no payload field.
+        assert store.get("c-1") == record("c-1", text="kept")
+        store.upsert([record("c-2", payload_sha256="cd" * 32)])
+        assert store.get("c-2") == record("c-2", payload_sha256="cd" * 32)
+        with psycopg.connect(database, autocommit=True) as connection:
+            with pytest.raises(psycopg.errors.CheckViolation):
+                connection.execute("UPDATE chunks SET payload_sha256 = 'CD' WHERE chunk_id = 'c-1'")
+            [(null_hashes,)] = connection.execute(
+                "SELECT count(*) FROM chunks WHERE payload_sha256 IS NULL"
+            ).fetchall()
+        assert null_hashes == 1
 
 
 # --- the table mirrors the record contract ------------------------------------------------
@@ -144,6 +175,8 @@ def test_a_failing_migration_is_rolled_back_alone(monkeypatch: pytest.MonkeyPatc
     [
         ("status", "published"),
         ("sha256", "AB" * 32),
+        ("payload_sha256", "AB" * 32),
+        ("payload_sha256", "a" * 63),
         ("tenant_id", "  "),
         ("allowed_principals", []),
         ("allowed_principals", ["group:qa", " "]),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from sidecar.store.loader import (
     load_jsonl,
     parse_record,
     parse_timestamp,
+    record_to_json,
 )
 from sidecar.store.sqlite import SqliteStore
 
@@ -25,6 +27,11 @@ from sidecar.store.sqlite import SqliteStore
 TEXT = "Refunds are issued within 30 days.\r\nSee section 4."
 TEXT_SHA = hashlib.sha256(b"Refunds are issued within 30 days.\nSee section 4.").hexdigest()
 OTHER_SHA = "0" * 64
+# Hashed payload fields; their values must never appear in an error.
+PAYLOAD = {"title": "Secret title", "metadata.source": "kb/7", "metadata.page": 4}
+PAYLOAD_SHA = hashlib.sha256(
+    b'{"metadata.page":4,"metadata.source":"kb/7","title":"Secret title"}'
+).hexdigest()
 
 
 def valid(chunk_id: object = "c-1", **overrides: Any) -> dict[str, Any]:
@@ -90,6 +97,7 @@ def assert_rejected(
     if field is not None:
         assert f'field "{field}"' in rendered
     assert TEXT not in rendered  # chunk text never appears in an error
+    assert "Secret title" not in rendered  # nor a payload value
     # Nothing is loaded, not even the valid first line.
     assert asyncio.run(all_ids(store, ["c-ok", "c-1"])) == {}
     return error
@@ -173,6 +181,29 @@ MALFORMED = {
     "text does not match sha256": (valid(sha256=OTHER_SHA), "text", "does not match sha256"),
     "text lone surrogate": (valid(text="bad \ud800"), "text", "lone surrogate"),
     "unknown field": (valid(colour="blue"), "colour", "unknown field"),
+    "payload_sha256 uppercase": (
+        valid(payload_sha256=PAYLOAD_SHA.upper()),
+        "payload_sha256",
+        "lowercase",
+    ),
+    "payload_sha256 too short": (
+        valid(payload_sha256=PAYLOAD_SHA[:63]),
+        "payload_sha256",
+        "64 lowercase",
+    ),
+    "payload_sha256 a number": (valid(payload_sha256=7), "payload_sha256", "got number"),
+    "payload not an object": (valid(payload=["Secret title"]), "payload", "got array"),
+    "payload empty path": (valid(payload={" ": "Secret title"}), "payload", "empty or blank"),
+    "payload does not match payload_sha256": (
+        valid(payload=PAYLOAD, payload_sha256=OTHER_SHA),
+        "payload",
+        "does not match payload_sha256",
+    ),
+    "payload with colliding keys": (
+        valid(payload={"metadata": {"e\u0301": "Secret title", "\u00e9": "x"}}),
+        "payload",
+        'payload field "metadata": two keys are equal',
+    ),
 }
 
 
@@ -396,6 +427,49 @@ def test_parse_record_accepts_matching_text() -> None:
     assert record.text == TEXT  # stored as given; only the hash check uses the canonical form
     assert record.requires_signature is True
     assert record.status is Status.SUPERSEDED
+
+
+def test_payload_gives_the_record_its_payload_sha256() -> None:
+    record = parse_record(valid(payload=PAYLOAD))
+    assert record.payload_sha256 == PAYLOAD_SHA
+    assert parse_record(valid(payload=PAYLOAD, payload_sha256=PAYLOAD_SHA)) == record
+    assert parse_record(valid(payload_sha256=PAYLOAD_SHA)) == record
+    # Any key order; decomposed and CRLF strings hash as their canonical form.
+    reordered = {"metadata.page": 4, "title": "Secret title", "metadata.source": "kb/7"}
+    assert parse_record(valid(payload=reordered)).payload_sha256 == PAYLOAD_SHA
+    accented = parse_record(valid(payload={"title": "Cafe\u0301\r\n"}))
+    assert accented == parse_record(valid(payload={"title": "Caf\u00e9\n"}))
+
+
+def test_payload_sha256_is_optional() -> None:
+    assert parse_record(valid()).payload_sha256 is None
+    assert parse_record(valid(payload_sha256=None, payload=None)).payload_sha256 is None
+    assert parse_record(valid(payload={})).payload_sha256 == hashlib.sha256(b"{}").hexdigest()
+
+
+def test_payload_with_nan_is_rejected_naming_the_field(
+    tmp_path: Path, sqlite_store: SqliteStore
+) -> None:
+    # Python's JSON reader accepts NaN; it has no canonical form.
+    line = json.dumps(valid(payload={"title": "Secret title", "metadata.score": math.nan}))
+    error = assert_rejected(
+        tmp_path, sqlite_store, line, "payload", 'payload field "metadata.score"'
+    )
+    assert "NaN" in error.message
+
+
+def test_record_with_payload_round_trips_through_its_json_form(
+    tmp_path: Path, sqlite_store: SqliteStore
+) -> None:
+    path = write(tmp_path, jsonl(valid("c-1", payload=PAYLOAD), valid("c-2")))
+    load_into_store(path, sqlite_store)
+    stored = asyncio.run(all_ids(sqlite_store, ["c-1", "c-2"]))
+    assert stored["c-1"].payload_sha256 == PAYLOAD_SHA
+    assert stored["c-2"].payload_sha256 is None
+    shown = record_to_json(stored["c-1"])
+    assert shown["payload_sha256"] == PAYLOAD_SHA
+    assert "payload" not in shown  # input only: the values are not stored
+    assert parse_record(shown) == stored["c-1"]
 
 
 def test_parse_record_raises_the_first_problem() -> None:

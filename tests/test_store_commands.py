@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from sidecar.cli.store import add_store_parsers
+from sidecar.core.integrity import canonical_fields, fields_sha256
 from sidecar.store.loader import parse_record
 from sidecar.store.open import open_store
 from sidecar.store.postgres import migrate
@@ -101,10 +102,22 @@ def test_show_leaves_the_text_out_unless_asked(
 ) -> None:
     record = shown(loaded, "old", capsys)
     assert "text" not in record
-    assert record == {**record_dict("old"), "signature_valid": False}
+    assert record == {**record_dict("old"), "payload_sha256": None, "signature_valid": False}
     assert text_for("old") not in orjson.dumps(record).decode()
     assert run("show", "--store", loaded, "old", "--with-text") == 0
     assert orjson.loads(capsys.readouterr().out)["text"] == text_for("old")
+
+
+def test_load_hashes_the_payload_and_show_prints_only_its_hash(
+    store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    payload = {"title": "Secret title", "metadata.source": "kb/7"}
+    chunks = write_records(tmp_path / "c.jsonl", [record_dict("a", payload=payload)])
+    assert run("load", "--store", store, str(chunks)) == 0
+    record = shown(store, "a", capsys)
+    assert record["payload_sha256"] == fields_sha256(canonical_fields(payload))
+    assert "payload" not in record
+    assert "Secret title" not in orjson.dumps(record).decode()
 
 
 def test_show_of_an_unknown_chunk(loaded: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -151,7 +164,7 @@ def test_refused_supersede_changes_nothing(
 
 def test_migrate_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run("migrate", "--store", f"sqlite:///{tmp_path / 'gate.db'}") == 0
-    assert capsys.readouterr().out == "SQLite schema is at version 2\n"
+    assert capsys.readouterr().out == "SQLite schema is at version 3\n"
 
 
 @pytest.mark.postgres
@@ -165,10 +178,11 @@ def test_migrate_postgres(capsys: pytest.CaptureFixture[str]) -> None:
         assert capsys.readouterr().out == (
             "applied migration 0001 chunks\n"
             "applied migration 0002 electronic_signatures\n"
-            "PostgreSQL schema is at version 2\n"
+            "applied migration 0003 payload_sha256\n"
+            "PostgreSQL schema is at version 3\n"
         )
         assert run("migrate", "--store", url) == 0
-        assert capsys.readouterr().out == "PostgreSQL schema is at version 2\n"
+        assert capsys.readouterr().out == "PostgreSQL schema is at version 3\n"
 
 
 @pytest.mark.parametrize(

@@ -134,6 +134,7 @@ def test_records_round_trip(backend: Backend) -> None:
             expires_at=None,
             source_uri="https://docs.example/refunds",
             requires_signature=True,
+            payload_sha256="0f" * 32,
         ),
         record(
             "c-2",
@@ -153,6 +154,8 @@ def test_records_round_trip(backend: Backend) -> None:
     assert first.effective_at.utcoffset() == timedelta(0)
     assert first.expires_at is None
     assert first.text is None
+    assert first.payload_sha256 == "0f" * 32
+    assert fetched["c-2"].payload_sha256 is None
     assert fetched["c-2"].expires_at == datetime(2025, 1, 1, 0, 0, 0, 1, tzinfo=UTC)
     assert fetched["c-2"].text == "Caf\u00e9 menu\r\n\u2603"
 
@@ -188,6 +191,26 @@ def test_upsert_replaces_existing_records(backend: Backend) -> None:
         "c-1": record("c-1", status=Status.REVOKED, text="new text"),
         "c-2": record("c-2"),
     }
+
+
+def test_upsert_sets_changes_and_clears_the_payload_hash(backend: Backend) -> None:
+    backend.store.upsert([record("c-1", payload_sha256="1a" * 32), record("c-2")])
+    assert backend.fetch(["c-1"])["c-1"].payload_sha256 == "1a" * 32
+    backend.store.upsert([record("c-1", payload_sha256="2b" * 32)])
+    assert backend.store.get("c-1") == record("c-1", payload_sha256="2b" * 32)
+    backend.store.upsert([record("c-1"), record("c-2", payload_sha256="3c" * 32)])
+    assert backend.fetch(["c-1", "c-2"]) == {
+        "c-1": record("c-1"),
+        "c-2": record("c-2", payload_sha256="3c" * 32),
+    }
+
+
+@pytest.mark.parametrize("bad", ["1A" * 32, "1a" * 31, "g" * 64, ""])
+def test_malformed_payload_hash_is_refused_and_nothing_written(backend: Backend, bad: str) -> None:
+    batch = [record("c-1"), record("c-2", payload_sha256=bad)]
+    with pytest.raises(ValueError, match="nothing was written"):
+        backend.store.upsert(batch)
+    assert backend.fetch(["c-1", "c-2"]) == {}
 
 
 def test_last_record_of_an_id_wins_within_one_upsert(backend: Backend) -> None:
@@ -243,6 +266,13 @@ def test_set_status(backend: Backend, status: Status) -> None:
     # Any status but superseded clears the successor.
     assert changed == record("c-1", status=status)
     assert backend.store.get("c-1") == changed
+    assert backend.fetch(["c-1"]) == {"c-1": changed}
+
+
+def test_status_change_keeps_the_payload_hash(backend: Backend) -> None:
+    backend.store.upsert([record("c-1", payload_sha256="4d" * 32)])
+    changed = backend.store.set_status("c-1", Status.REVOKED)
+    assert changed == record("c-1", status=Status.REVOKED, payload_sha256="4d" * 32)
     assert backend.fetch(["c-1"]) == {"c-1": changed}
 
 

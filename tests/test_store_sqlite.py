@@ -143,18 +143,92 @@ def test_data_survives_reopening(sqlite_path: Path) -> None:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
 
-def test_version_1_file_is_upgraded_in_place(sqlite_path: Path) -> None:
-    SqliteStore(sqlite_path).close()
-    with sqlite3.connect(sqlite_path) as raw:
-        raw.execute("DROP TABLE electronic_signatures")
-        raw.execute("UPDATE schema_version SET version = 1")
+# The schema as version 2 builds created it: no chunks.payload_sha256.
+_GLOB = (
+    "'[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9]"
+    ".[0-9][0-9][0-9][0-9][0-9][0-9]Z'"
+)
+VERSION_2_CHUNKS = f"""CREATE TABLE chunks (
+    chunk_id TEXT NOT NULL PRIMARY KEY CHECK (typeof(chunk_id) = 'text' AND chunk_id <> ''),
+    doc_id TEXT NOT NULL CHECK (typeof(doc_id) = 'text' AND trim(doc_id) <> ''),
+    version TEXT NOT NULL CHECK (typeof(version) = 'text'),
+    tenant_id TEXT NOT NULL CHECK (typeof(tenant_id) = 'text' AND trim(tenant_id) <> ''),
+    allowed_principals TEXT NOT NULL CHECK (
+        json_valid(allowed_principals)
+        AND json_type(allowed_principals) = 'array'
+        AND json_array_length(allowed_principals) > 0),
+    status TEXT NOT NULL
+        CHECK (status IN ('approved', 'draft', 'superseded', 'revoked', 'quarantined')),
+    effective_at TEXT NOT NULL CHECK (effective_at GLOB {_GLOB}),
+    expires_at TEXT CHECK (
+        expires_at IS NULL OR (expires_at GLOB {_GLOB} AND expires_at > effective_at)),
+    sha256 TEXT NOT NULL CHECK (length(sha256) = 64 AND sha256 NOT GLOB '*[^0-9a-f]*'),
+    source_uri TEXT NOT NULL CHECK (typeof(source_uri) = 'text'),
+    superseded_by TEXT CHECK (superseded_by IS NULL OR typeof(superseded_by) = 'text'),
+    requires_signature INTEGER NOT NULL CHECK (requires_signature IN (0, 1)),
+    text TEXT CHECK (text IS NULL OR typeof(text) = 'text')
+)"""
+VERSION_2_SIGNATURES = f"""CREATE TABLE electronic_signatures (
+    id INTEGER PRIMARY KEY,
+    doc_id TEXT NOT NULL CHECK (typeof(doc_id) = 'text' AND trim(doc_id) <> ''),
+    version TEXT NOT NULL CHECK (typeof(version) = 'text'),
+    signer TEXT NOT NULL CHECK (typeof(signer) = 'text' AND trim(signer) <> ''),
+    meaning TEXT NOT NULL CHECK (typeof(meaning) = 'text' AND trim(meaning) <> ''),
+    signed_at TEXT NOT NULL CHECK (signed_at GLOB {_GLOB}),
+    is_valid INTEGER NOT NULL DEFAULT 1 CHECK (is_valid IN (0, 1))
+)"""
+OLD_ROW = (
+    "INSERT INTO chunks VALUES ('c-1', 'doc', '1', 'acme', '[\"group:support\"]', 'approved',"
+    " '2025-01-01T00:00:00.000000Z', NULL, ?, '', NULL, 0, 'old text')"
+)
+
+
+def old_file(path: Path, version: int) -> None:
+    """A file as a version 1 or 2 build left it, holding chunk c-1."""
+    with sqlite3.connect(path) as raw:
+        raw.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        raw.execute("INSERT INTO schema_version VALUES (?)", (version,))
+        raw.execute(VERSION_2_CHUNKS)
+        if version == 2:
+            raw.execute(VERSION_2_SIGNATURES)
+        raw.execute(OLD_ROW, ("ab" * 32,))
+    raw.close()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_older_files_are_upgraded_in_place(sqlite_path: Path, version: int) -> None:
+    old_file(sqlite_path, version)
     store = SqliteStore(sqlite_path)
-    store.upsert([record("c-1")])
-    assert run(store, ["c-1"]) == {"c-1": record("c-1")}
+    # Records from before the upgrade vouch for no payload field.
+    assert run(store, ["c-1"]) == {"c-1": record("c-1", text="old text")}
+    store.upsert([record("c-2", payload_sha256="cd" * 32)])
+    assert run(store, ["c-2"]) == {"c-2": record("c-2", payload_sha256="cd" * 32)}
     store.close()
+    SqliteStore(sqlite_path).close()  # opening an upgraded file again changes nothing
     with sqlite3.connect(sqlite_path) as raw:
-        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
+        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(3,)]
         assert raw.execute("SELECT count(*) FROM electronic_signatures").fetchone() == (0,)
+        # The added column carries the same constraint as in a new file.
+        with pytest.raises(sqlite3.IntegrityError):
+            raw.execute("UPDATE chunks SET payload_sha256 = 'CD' WHERE chunk_id = 'c-1'")
+    raw.close()
+
+
+def test_payload_sha256_column_is_the_same_in_new_and_upgraded_files(
+    tmp_path: Path, sqlite_path: Path
+) -> None:
+    old_file(sqlite_path, 2)
+    SqliteStore(sqlite_path).close()
+    SqliteStore(tmp_path / "new.db").close()
+
+    def columns(path: Path) -> list[tuple[object, ...]]:
+        with sqlite3.connect(path) as raw:
+            found = raw.execute("PRAGMA table_info(chunks)").fetchall()
+        raw.close()
+        return found
+
+    assert columns(sqlite_path) == columns(tmp_path / "new.db")
+    assert columns(sqlite_path)[-1][1:4] == ("payload_sha256", "TEXT", 0)
 
 
 def test_unknown_schema_version_is_refused(sqlite_path: Path) -> None:
@@ -219,6 +293,7 @@ def test_undecodable_row_makes_only_that_chunk_missing(
         ("requires_signature", "2"),
         ("allowed_principals", "'not json'"),
         ("doc_id", "X'6869'"),  # a BLOB, not text
+        ("payload_sha256", "X'6869'"),
     ],
 )
 def test_each_bad_column_is_detected(

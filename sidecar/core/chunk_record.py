@@ -43,6 +43,9 @@ class ChunkRecord:
     superseded_by: str | None = None
     requires_signature: bool = False
     text: str | None = None
+    # 64 lowercase hex of the canonical JSON of the declared payload fields
+    # (see integrity.py); None: the record vouches for no payload field.
+    payload_sha256: str | None = None
     signature_valid: bool = False
 
 

@@ -12,7 +12,9 @@ class ChunkDecision:
     position: int
     chunk_id: str | None
     reasons: tuple[str, ...]  # canonical order; empty means admitted
-    detail: str | None = None  # why a chunk is MALFORMED_CHUNK; never chunk text
+    # Why a chunk is MALFORMED_CHUNK, or that its record has no payload hash
+    # (PAYLOAD_HASH_MISMATCH); never chunk text or field values.
+    detail: str | None = None
 
     @property
     def admitted(self) -> bool:

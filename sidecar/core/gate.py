@@ -2,8 +2,9 @@
 
 Pure: no I/O, no Envoy, no HTTP. The caller of :meth:`Gate.decide` has already
 looked the candidates up in the metadata store; the gate runs the checks that
-need no policy (shape, presence, integrity), evaluates the Rego policy once for
-the whole batch, and merges everything into reasons in canonical order.
+need no policy (shape, presence, integrity of the text and of the hashed payload
+fields), evaluates the Rego policy once for the whole batch, and merges
+everything into reasons in canonical order.
 
 When the policy declares itself time-pure, the policy's reasons per (caller,
 record, policy version) are kept in a VerdictCache until the record's next
@@ -22,7 +23,7 @@ from sidecar.core.caller import Caller
 from sidecar.core.chunk_record import ChunkRecord
 from sidecar.core.decision import ChunkDecision, Verdict
 from sidecar.core.hits import Candidate
-from sidecar.core.integrity import canonical_sha256
+from sidecar.core.integrity import canonical_sha256, fields_sha256
 from sidecar.core.policy import PolicyEngine, PolicyError, policy_input, to_epoch_ns
 from sidecar.core.reasons import Reason, ReasonOrder
 from sidecar.core.verdict_cache import CallerKey, VerdictCache
@@ -36,6 +37,19 @@ def _text_matches(text: str, expected_sha256: str) -> bool:
         return canonical_sha256(text) == expected_sha256
     except UnicodeEncodeError:
         # Lone surrogates have no canonical hash, so they cannot match any record.
+        return False
+
+
+def _fields_match(fields: str, expected_sha256: str | None) -> bool:
+    # A record without payload_sha256 vouches for no payload field, so hashed
+    # fields on a hit cannot be verified against it.
+    if expected_sha256 is None:
+        return False
+    try:
+        return fields_sha256(fields) == expected_sha256
+    except UnicodeEncodeError:
+        # canonical_fields never returns lone surrogates; a Candidate built
+        # otherwise cannot match any record.
         return False
 
 
@@ -125,7 +139,7 @@ class Gate:
                 decisions.append(ChunkDecision(position, chunk_id, _MISSING))
                 continue
             reasons = _POLICY_ERROR if policy_reasons is None else policy_reasons[chunk_id]
-            # Integrity and signature depend on the returned text and the
+            # Integrity and signature depend on the returned hit and the
             # store's answer: checked for every candidate, never cached.
             text = candidate.text
             if text.isascii() and "\r" not in text:
@@ -133,13 +147,26 @@ class Gate:
                 intact = sha256(text.encode()).hexdigest() == record.sha256
             else:
                 intact = _text_matches(text, record.sha256)
+            fields = candidate.fields
+            fields_intact = fields is None or _fields_match(fields, record.payload_sha256)
             signed = record.signature_valid or not record.requires_signature
-            if not (intact and signed):
-                extra = [] if intact else [Reason.HASH_MISMATCH]
-                if not signed:
-                    extra.append(Reason.SIGNATURE_MISSING)
-                reasons = order.sort([*reasons, *extra])
-            decisions.append(ChunkDecision(position, chunk_id, reasons))
+            if intact and fields_intact and signed:
+                decisions.append(ChunkDecision(position, chunk_id, reasons))
+                continue
+            extra = [] if intact else [Reason.HASH_MISMATCH]
+            if not fields_intact:
+                extra.append(Reason.PAYLOAD_HASH_MISMATCH)
+            if not signed:
+                extra.append(Reason.SIGNATURE_MISSING)
+            unvouched = not fields_intact and record.payload_sha256 is None
+            decisions.append(
+                ChunkDecision(
+                    position,
+                    chunk_id,
+                    order.sort([*reasons, *extra]),
+                    _NO_PAYLOAD_HASH if unvouched else None,
+                )
+            )
         return Verdict(
             decisions=tuple(decisions),
             policy_version=version,
@@ -208,3 +235,5 @@ _CANONICAL_KEPT = 1024
 _UNAVAILABLE: tuple[str, ...] = (Reason.METADATA_UNAVAILABLE,)
 _MISSING: tuple[str, ...] = (Reason.MISSING_METADATA,)
 _POLICY_ERROR: tuple[str, ...] = (Reason.POLICY_ERROR,)
+# The audit detail of PAYLOAD_HASH_MISMATCH when the record has no payload hash.
+_NO_PAYLOAD_HASH = "record has no payload_sha256"

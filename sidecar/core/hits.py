@@ -51,12 +51,18 @@ class Candidate:
     response numbers through all of its sub-results). ``chunk_id`` or ``text``
     is None when the hit does not carry a usable value; the gate then rejects it
     as MALFORMED_CHUNK with ``problem`` as the audit detail.
+
+    ``fields`` is the canonical JSON of the hit's integrity-checked payload
+    fields (``integrity.canonical_fields``), or None when the format declares
+    none. When it is set, the gate admits the hit only if the record has a
+    ``payload_sha256`` equal to its hash.
     """
 
     position: int
     chunk_id: str | None
     text: str | None
     problem: str | None = None
+    fields: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,3 +20,5 @@ class RoutePolicy:
     tenant_key: str | None  # None: no tenant filter is injected upstream
     overfetch_factor: float  # <= 1: no over-fetch
     substitute_superseded: bool  # replace a superseded chunk by its admitted successor
+    # Upstream error bodies pass as written; False: the gate writes them.
+    pass_upstream_errors: bool = False

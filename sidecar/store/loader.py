@@ -7,6 +7,7 @@ one) and the field named (docs/architecture.md, "The chunk record").
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import json
 import re
 from collections import defaultdict
@@ -16,9 +17,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from sidecar.core.chunk_record import CONTRACT_FIELDS, ChunkRecord, Status
-from sidecar.core.integrity import canonical_sha256
+from sidecar.core.integrity import canonical_fields, canonical_sha256, fields_sha256
 
-RECORD_FIELDS: frozenset[str] = frozenset(CONTRACT_FIELDS)
+# ``payload`` is input only: the loader hashes it into ``payload_sha256``.
+RECORD_FIELDS: frozenset[str] = frozenset({*CONTRACT_FIELDS, "payload"})
 
 # Ids and field names come from the file; cap them so one absurd value cannot
 # flood an operator's terminal or a log line.
@@ -146,7 +148,8 @@ def format_timestamp(moment: datetime) -> str:
 def record_to_json(record: ChunkRecord, *, with_text: bool = True) -> dict[str, object]:
     """The record in its JSON Lines form, which ``parse_record`` accepts again.
 
-    Only contract fields are included (not ``signature_valid``). With
+    Only contract fields are included (not ``signature_valid``, nor the
+    ``payload`` that ``payload_sha256`` may have been computed from). With
     ``with_text=False`` the ``text`` field is left out, so that the chunk's
     content does not end up on a terminal or in a log.
     """
@@ -166,6 +169,7 @@ def record_to_json(record: ChunkRecord, *, with_text: bool = True) -> dict[str, 
     }
     if with_text:
         obj["text"] = record.text
+    obj["payload_sha256"] = record.payload_sha256
     return obj
 
 
@@ -175,7 +179,8 @@ def parse_record(obj: object, *, line: int | None = None, source: str | None = N
     Raises RecordError for the first problem found (``load_jsonl`` reports all of
     them). Timestamps come back in UTC; absent optional fields get their defaults.
     When ``text`` is present its canonical hash must equal ``sha256``; a mismatch
-    is reported on the field ``text``.
+    is reported on the field ``text``. ``payload`` (field path -> value) gives
+    ``payload_sha256`` its value, or must agree with it when both are present.
     """
     result = _validate(obj, line, source)
     if isinstance(result, ChunkRecord):
@@ -328,6 +333,15 @@ def _sha256(value: object) -> str:
     raise ValueError("must be 64 lowercase hexadecimal digits")
 
 
+def _payload(value: object) -> str:
+    """The canonical JSON (integrity.canonical_fields) of a record's ``payload``."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"expected an object of field path -> value, got {_json_type(value)}")
+    if any(not str(path).strip() for path in value):
+        raise ValueError("a field path is empty or blank")
+    return canonical_fields(value)
+
+
 def _flag(value: object) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"expected true or false, got {_json_type(value)}")
@@ -378,7 +392,9 @@ def _validate(obj: object, line: int | None, source: str | None) -> ChunkRecord 
         superseded_by=field("superseded_by", _or_null(_identifier), None, required=False),
         requires_signature=field("requires_signature", _flag, False, required=False),
         text=field("text", _or_null(_string), None, required=False),
+        payload_sha256=field("payload_sha256", _or_null(_sha256), None, required=False),
     )
+    payload = field("payload", _or_null(_payload), None, required=False)
     # Checks across fields; a placeholder (empty, _NO_TIME) never fails one.
     effective_at, expires_at = record.effective_at, record.expires_at
     if effective_at is not _NO_TIME and expires_at is not None and expires_at <= effective_at:
@@ -389,6 +405,16 @@ def _validate(obj: object, line: int | None, source: str | None) -> ChunkRecord 
         actual = canonical_sha256(record.text)
         if actual != record.sha256:
             fail("text", f"canonical SHA-256 of text is {actual}, which does not match sha256")
+    if payload is not None:
+        computed = fields_sha256(payload)
+        if record.payload_sha256 is None:
+            record = dataclasses.replace(record, payload_sha256=computed)
+        elif computed != record.payload_sha256:
+            fail(
+                "payload",
+                f"SHA-256 of the canonical payload is {computed}, "
+                "which does not match payload_sha256",
+            )
     return errors or record
 
 

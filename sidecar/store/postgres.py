@@ -39,7 +39,7 @@ from sidecar.store.store import StoreUnavailable
 _SELECT = """
     SELECT c.chunk_id, c.doc_id, c.version, c.tenant_id, c.allowed_principals, c.status,
            c.effective_at, c.expires_at, c.sha256, c.source_uri, c.superseded_by,
-           c.requires_signature, c.text,
+           c.requires_signature, c.text, c.payload_sha256,
            EXISTS (SELECT 1 FROM electronic_signatures AS s
                    WHERE s.doc_id = c.doc_id AND s.version = c.version AND s.is_valid)
     FROM chunks AS c
@@ -55,17 +55,17 @@ _STAGE = "CREATE TEMP TABLE chunks_upsert (LIKE chunks) ON COMMIT DROP"
 _COPY = """
     COPY chunks_upsert (chunk_id, doc_id, version, tenant_id, allowed_principals, status,
                         effective_at, expires_at, sha256, source_uri, superseded_by,
-                        requires_signature, text) FROM STDIN
+                        requires_signature, text, payload_sha256) FROM STDIN
 """
 # An unchanged record is not rewritten: no row version, no notification, so
 # reloading a whole file does not flush every sidecar's cache.
 _MERGE = """
     INSERT INTO chunks (chunk_id, doc_id, version, tenant_id, allowed_principals, status,
                         effective_at, expires_at, sha256, source_uri, superseded_by,
-                        requires_signature, text)
+                        requires_signature, text, payload_sha256)
     SELECT chunk_id, doc_id, version, tenant_id, allowed_principals, status,
            effective_at, expires_at, sha256, source_uri, superseded_by,
-           requires_signature, text
+           requires_signature, text, payload_sha256
     FROM chunks_upsert
     ON CONFLICT (chunk_id) DO UPDATE SET
         doc_id = excluded.doc_id, version = excluded.version, tenant_id = excluded.tenant_id,
@@ -73,7 +73,8 @@ _MERGE = """
         effective_at = excluded.effective_at, expires_at = excluded.expires_at,
         sha256 = excluded.sha256, source_uri = excluded.source_uri,
         superseded_by = excluded.superseded_by,
-        requires_signature = excluded.requires_signature, text = excluded.text
+        requires_signature = excluded.requires_signature, text = excluded.text,
+        payload_sha256 = excluded.payload_sha256
     WHERE ROW(chunks.*) IS DISTINCT FROM ROW(excluded.*)
 """
 

@@ -78,6 +78,7 @@ class RowCodec:
             record.superseded_by,
             record.requires_signature,
             record.text,
+            record.payload_sha256,
         )
 
     def decode(self, row: Sequence[object]) -> ChunkRecord:
@@ -96,6 +97,7 @@ class RowCodec:
             superseded_by,
             requires_signature,
             text,
+            payload_sha256,
             signature_valid,
         ) = row
         return ChunkRecord(
@@ -109,9 +111,10 @@ class RowCodec:
             expires_at=None if expires_at is None else self._timestamp(expires_at, "expires_at"),
             sha256=_text(sha256, "sha256"),
             source_uri=_text(source_uri, "source_uri"),
-            superseded_by=None if superseded_by is None else _text(superseded_by, "superseded_by"),
+            superseded_by=_text_or_null(superseded_by, "superseded_by"),
             requires_signature=_flag(requires_signature),
-            text=None if text is None else _text(text, "text"),
+            text=_text_or_null(text, "text"),
+            payload_sha256=_text_or_null(payload_sha256, "payload_sha256"),
             signature_valid=signature_valid == 1,
         )
 
@@ -163,6 +166,10 @@ def _text(value: object, column: str) -> str:
     if not isinstance(value, str):
         raise UndecodableColumn(column)
     return value
+
+
+def _text_or_null(value: object, column: str) -> str | None:
+    return None if value is None else _text(value, column)
 
 
 def _status(value: object) -> Status:

@@ -13,8 +13,10 @@ which scripts reading the file may rely on:
   ``is_valid``: 0 or 1.
 
 ``fetch`` and ``get`` set ``signature_valid`` when a signature with
-``is_valid = 1`` exists for the record's doc_id and version. Version 1 files
-(without signatures) are upgraded in place when opened.
+``is_valid = 1`` exists for the record's doc_id and version. Older files are
+upgraded in place when opened: version 1 lacks ``electronic_signatures``,
+version 2 the ``payload_sha256`` column (added as NULL: those records vouch for
+no payload field).
 
 CHECK constraints guard these forms against hand edits. A row that still cannot
 be decoded is logged and counts as absent (see ``rows.py``).
@@ -35,13 +37,18 @@ from sidecar.store.lifecycle import check_status_change
 from sidecar.store.rows import RowCodec
 from sidecar.store.store import StoreUnavailable
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _COLUMNS = CONTRACT_FIELDS
 _TIMESTAMP_GLOB = (
     "'[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9]"
     ".[0-9][0-9][0-9][0-9][0-9][0-9]Z'"
 )
+# Shared by CREATE TABLE and the version 2 -> 3 upgrade, so both files end up alike.
+_PAYLOAD_SHA256_COLUMN = """payload_sha256 TEXT CHECK (
+            payload_sha256 IS NULL
+            OR (typeof(payload_sha256) = 'text' AND length(payload_sha256) = 64
+                AND payload_sha256 NOT GLOB '*[^0-9a-f]*'))"""
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
     f"""CREATE TABLE IF NOT EXISTS chunks (
@@ -64,7 +71,8 @@ _SCHEMA = (
         source_uri TEXT NOT NULL CHECK (typeof(source_uri) = 'text'),
         superseded_by TEXT CHECK (superseded_by IS NULL OR typeof(superseded_by) = 'text'),
         requires_signature INTEGER NOT NULL CHECK (requires_signature IN (0, 1)),
-        text TEXT CHECK (text IS NULL OR typeof(text) = 'text')
+        text TEXT CHECK (text IS NULL OR typeof(text) = 'text'),
+        {_PAYLOAD_SHA256_COLUMN}
     )""",
     f"""CREATE TABLE IF NOT EXISTS electronic_signatures (
         id INTEGER PRIMARY KEY,
@@ -78,9 +86,11 @@ _SCHEMA = (
     """CREATE INDEX IF NOT EXISTS electronic_signatures_document
         ON electronic_signatures (doc_id, version) WHERE is_valid = 1""",
 )
-# Schema versions this build opens. Version 1 lacks only electronic_signatures,
-# which the statements above create, so upgrading it is recording version 2.
-_UPGRADABLE_VERSIONS = frozenset({1, SCHEMA_VERSION})
+# Schema versions this build opens. Version 1 lacks electronic_signatures, which
+# the statements above create; versions 1 and 2 lack chunks.payload_sha256,
+# which _ensure_schema adds. Upgrading is then recording the version.
+_UPGRADABLE_VERSIONS = frozenset({1, 2, SCHEMA_VERSION})
+_ADD_PAYLOAD_SHA256 = f"ALTER TABLE chunks ADD COLUMN {_PAYLOAD_SHA256_COLUMN}"
 _COLUMN_LIST = ", ".join(_COLUMNS)
 _SELECT = (
     "SELECT "  # noqa: S608 - column names come from the record contract, never from input
@@ -236,6 +246,9 @@ def _ensure_schema(connection: sqlite3.Connection) -> None:
         if not versions:
             connection.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
         elif len(versions) == 1 and versions[0][0] in _UPGRADABLE_VERSIONS:
+            columns = {row[1] for row in connection.execute("PRAGMA table_info(chunks)")}
+            if "payload_sha256" not in columns:
+                connection.execute(_ADD_PAYLOAD_SHA256)
             connection.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
         else:
             found = ", ".join(str(version) for (version,) in versions)
