@@ -18,7 +18,6 @@ from sidecar.runtime.addresses import (
 )
 from sidecar.runtime.bootstrap import Upstream, build_bootstrap
 from sidecar.runtime.envoy_process import read_admin_address
-from sidecar.runtime.jwt_authn import jwks_cluster
 from sidecar.runtime.workers import worker_addresses
 
 
@@ -126,15 +125,6 @@ def test_sidecar_endpoints_in_the_bootstrap() -> None:
         {"address": "::1", "port_value": 9001},
         {"address": "::1", "port_value": 9002},
     ]
-
-
-def test_jwks_cluster_from_the_url() -> None:
-    settings = Settings(identity=IdentityMode.ENVOY_JWT, jwks="https://IdP.example/jwks.json")
-    cluster = jwks_cluster(settings)
-    assert cluster is not None
-    endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
-    assert endpoint["address"]["socket_address"] == {"address": "idp.example", "port_value": 443}
-    assert cluster["transport_socket"]["typed_config"]["sni"] == "idp.example"
 
 
 def test_admin_address_is_read_once_envoy_wrote_it(tmp_path: Path) -> None:

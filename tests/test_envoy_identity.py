@@ -9,6 +9,8 @@ server (a fake Qdrant, sidecar.demo.upstream).
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,11 +19,21 @@ import orjson
 import pytest
 
 from sidecar.core.caller import Caller
-from sidecar.demo.upstream import CannedResponse
+from sidecar.demo.upstream import CannedResponse, FixtureUpstream
+from sidecar.runtime.ports import free_port
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures import tokens
+from tests.fixtures.jwks_server import JwksServer
 from tests.fixtures.records import record_dict, text_for
-from tests.harness import GateStack, HttpResult, search_ids
+from tests.harness import (
+    CLI,
+    GateStack,
+    HttpResult,
+    http,
+    search_ids,
+    wait_until,
+    write_records,
+)
 
 pytestmark = pytest.mark.envoy
 
@@ -312,3 +324,166 @@ def test_a_mesh_ext_authz_in_front_refuses_before_the_stream(authz_stack: GateSt
     assert response.json() == {"error": "identity_missing"}
     assert authz_stack.envoy_stat("http.retrieval_gate.ext_authz.denied") == 1
     assert len(authz_stack.upstream.requests) == before
+
+
+# --- A JWKS URL: Envoy verifies with the keys `jwt` mode accepts, and nothing else ---------------
+#
+# The provider publishes an RSA-1024 key beside an RSA-2048 one. In envoy-jwt mode
+# Envoy fetches the set from the sidecar's relay, which fetches the URL with jwt
+# mode's code and passes on only the keys that mode would use.
+
+URL_STRONG = tokens.KeyPair.rsa(kid="url-strong")
+URL_WEAK = tokens.KeyPair.rsa(kid="url-weak", bits=1024)
+
+
+def _url_stack(workdir: Path, identity: str, jwks_url: str, **config: Any) -> GateStack:
+    return GateStack(
+        workdir,
+        RECORDS,
+        config={
+            "identity": identity,
+            "jwks": jwks_url,
+            "jwks_relay": f"127.0.0.1:{free_port()}",
+            "issuer": tokens.ISSUER,
+            "audience": tokens.AUDIENCE,
+            "tenant_key": "tenant_id",
+            **config,
+        },
+    ).start()
+
+
+@pytest.fixture(scope="module")
+def url_stacks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, GateStack]]:
+    provider = JwksServer(tokens.jwks(URL_WEAK, URL_STRONG))
+    stacks: dict[str, GateStack] = {}
+    try:
+        for identity in ("envoy-jwt", "jwt"):
+            stacks[identity] = _url_stack(
+                tmp_path_factory.mktemp(f"url-{identity}"), identity, provider.url
+            )
+            stacks[identity].upstream.respond(
+                "POST", SEARCH, CannedResponse(qb.encode(qb.search_body(POINTS)))
+            )
+        yield stacks
+    finally:
+        for gate in stacks.values():
+            gate.stop()
+        provider.stop()
+
+
+def _outcome(gate: GateStack, token: str) -> tuple[int, Any]:
+    gate.upstream.requests.clear()
+    response = search(gate, token)
+    assert (response.status == 200) == bool(gate.upstream.requests)  # refused: DB never called
+    return response.status, response.json()
+
+
+@pytest.mark.parametrize(
+    ("case", "status", "answer"),
+    [
+        ("RSA-2048 key", 200, [1, 2]),
+        ("RSA-1024 key", 401, {"error": "key_unknown"}),
+        ("RSA-1024 key under the 2048 key's kid", 401, {"error": "signature_invalid"}),
+    ],
+)
+@pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
+def test_a_jwks_url_key_below_2048_bits_is_refused_in_both_modes(
+    url_stacks: dict[str, GateStack], case: str, status: int, answer: Any
+) -> None:
+    signed = {
+        "RSA-2048 key": tokens.token(URL_STRONG, alice()),
+        "RSA-1024 key": tokens.token(URL_WEAK, alice()),
+        "RSA-1024 key under the 2048 key's kid": tokens.token(
+            URL_WEAK, alice(), headers={"kid": URL_STRONG.kid}
+        ),
+    }[case]
+    outcomes = {identity: _outcome(gate, signed) for identity, gate in url_stacks.items()}
+    if status == 200:
+        outcomes = {
+            k: (code, [hit["id"] for hit in body["result"]]) for k, (code, body) in outcomes.items()
+        }
+    assert outcomes == {"envoy-jwt": (status, answer), "jwt": (status, answer)}
+
+
+def test_the_relay_logs_the_dropped_key_by_kid_and_reason_never_the_key(
+    url_stacks: dict[str, GateStack],
+) -> None:
+    log = (url_stacks["envoy-jwt"].workdir / "sidecar.log").read_text()
+    assert "(kid 'url-weak') left out: RSA key of 1024 bits (at least 2048 required)" in log
+    assert URL_WEAK.public_jwk()["n"] not in log and URL_STRONG.public_jwk()["n"] not in log
+
+
+def test_a_jwks_url_unreachable_at_start_fails_closed_in_both_modes(tmp_path: Path) -> None:
+    port = free_port()
+    jwks_url = f"http://127.0.0.1:{port}/jwks.json"
+    stacks: dict[str, GateStack] = {}
+    provider: JwksServer | None = None
+    try:
+        for identity, workers in (("envoy-jwt", 2), ("jwt", 1)):
+            # envoy-jwt with two workers: the relay runs once, in the parent.
+            workdir = tmp_path / identity
+            workdir.mkdir()
+            stacks[identity] = _url_stack(workdir, identity, jwks_url, workers=workers)
+        for gate in stacks.values():
+            gate.upstream.respond("POST", SEARCH, CannedResponse(qb.encode(qb.search_body(POINTS))))
+        signed = tokens.token(URL_STRONG, alice())
+        unavailable = (503, {"error": "jwks_unavailable"})
+        assert {k: _outcome(g, signed) for k, g in stacks.items()} == {
+            "envoy-jwt": unavailable,
+            "jwt": unavailable,
+        }
+        # Once the provider answers, both modes admit the token: no failure was cached.
+        provider = JwksServer(tokens.jwks(URL_WEAK, URL_STRONG), port=port)
+        assert {k: _outcome(g, signed)[0] for k, g in stacks.items()} == {
+            "envoy-jwt": 200,
+            "jwt": 200,
+        }
+    finally:
+        for gate in stacks.values():
+            gate.stop()
+        if provider is not None:
+            provider.stop()
+
+
+@pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
+def test_proxy_relays_a_jwks_url_to_its_envoy(tmp_path: Path) -> None:
+    """`retrieval-gate proxy` serves the relay on a private unix socket to the Envoy it runs."""
+    provider = JwksServer(tokens.jwks(URL_WEAK, URL_STRONG))
+    store = f"sqlite:///{tmp_path / 'gate.db'}"
+    chunks = write_records(tmp_path / "chunks.jsonl", RECORDS)
+    subprocess.run([*CLI, "store", "load", "--store", store, str(chunks)], check=True)
+    upstream = FixtureUpstream().start()
+    upstream.respond("POST", SEARCH, CannedResponse(qb.encode(qb.search_body(POINTS))))
+    port = free_port()
+    log_path = tmp_path / "proxy.log"
+    with log_path.open("wb") as log:
+        proxy = subprocess.Popen(
+            [
+                *CLI,
+                "proxy",
+                *("--upstream", upstream.url, "--listen", f"127.0.0.1:{port}"),
+                *("--store", store, "--identity", "envoy-jwt", "--jwks", provider.url),
+                *("--issuer", tokens.ISSUER, "--audience", tokens.AUDIENCE),
+                *("--tenant-key", "tenant_id"),
+            ],
+            stdout=log,
+            stderr=log,
+        )
+    try:
+        assert wait_until(
+            lambda: b"proxy ready" in log_path.read_bytes() or proxy.poll() is not None
+        )
+        assert proxy.poll() is None, log_path.read_text()
+        url = f"http://127.0.0.1:{port}{SEARCH}"
+        body = b'{"vector":[0.1],"limit":10}'
+
+        def status(key: tokens.KeyPair) -> int:
+            return http("POST", url, body, bearer(tokens.token(key, alice()))).status
+
+        assert (status(URL_STRONG), status(URL_WEAK)) == (200, 401)
+        assert "jwks-relay" in log_path.read_text()  # the relay's unix socket, not a port
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        proxy.wait(timeout=20)
+        upstream.stop()
+        provider.stop()

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import jwt as pyjwt
 import pytest
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from sidecar.core.caller import Caller, IdentityError
 from sidecar.identity import AuthRequest
@@ -28,6 +28,7 @@ from sidecar.identity.keys import (
     PemPublicKey,
     key_source,
 )
+from tests.fixtures.jwks_server import JwksServer
 from tests.fixtures.tokens import (
     AUDIENCE,
     ISSUER,
@@ -358,7 +359,47 @@ def test_unusable_jwks_entries_are_skipped(
     keys = JwksFile(write(tmp_path / "jwks.json", {"keys": entries}))
     assert rejection(keys, token(weak, claims())) == "key_unknown"
     assert rejection(keys, token(rsa_key, claims())) == "key_unknown"
-    assert "skipped 8 of 9 JWKS keys" in caplog.text
+    # One line per key left out, naming it and why; never the key itself.
+    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == [
+        "JWKS key #0 (kid 'weak') left out: RSA key of 1024 bits (at least 2048 required)",
+        "JWKS key #1 (kid 'rsa-1') left out: not for signatures (use)",
+        "JWKS key #2 (kid (none)) left out: kid is not a string",
+        "JWKS key #3 (kid 'short') left out: HMAC secret of 5 bytes (at least 32 required)",
+        "JWKS key #4 (kid 'broken') left out: not a valid JWK",
+        "JWKS key #5 (kid 'no-k') left out: not a valid JWK",
+        "JWKS key #6 (kid 'bad-alg') left out: unsupported alg",
+        "JWKS key #7 (kid (none)) left out: not a JSON object",
+    ]
+    assert weak.public_jwk()["n"] not in caplog.text
+
+
+def test_a_left_out_kid_is_logged_quoted_and_cut_short(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    entries = [{"kty": "RSA", "kid": "x\n" + "k" * 100}, KeyPair.ec("good").public_jwk()]
+    JwksFile(write(tmp_path / "jwks.json", {"keys": entries}))
+    (line,) = caplog.messages
+    assert "\n" not in line  # no forged log lines from a kid
+    assert "(kid 'x\\n" + "k" * 62 + "')" in line
+
+
+def test_keys_left_out_for_their_type(
+    tmp_path: Path, rsa_key: KeyPair, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = base64.urlsafe_b64encode(hmac_secret(32)).rstrip(b"=").decode()
+    assert isinstance(rsa_key.private_key, rsa.RSAPrivateKey)
+    private: dict[str, Any] = json.loads(pyjwt.algorithms.RSAAlgorithm.to_jwk(rsa_key.private_key))
+    entries = [
+        {"kty": "oct", "kid": "hs512-with-32-bytes", "alg": "HS512", "k": secret},
+        {**private, "kid": "private"},
+        KeyPair.ec("good").public_jwk(),
+    ]
+    JwksFile(write(tmp_path / "jwks.json", {"keys": entries}))
+    assert [m.split(" left out: ")[1] for m in caplog.messages] == [
+        "alg does not fit the key",
+        "not a public key of a supported type",
+    ]
+    assert private["d"] not in caplog.text and secret not in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -565,58 +606,6 @@ def test_jwks_url_needs_http_or_https(url: str) -> None:
 
 
 # --- JWKS over HTTP ------------------------------------------------------------------------------
-
-
-class JwksServer:
-    """A local HTTP server for one JWKS document; counts fetches, can be slow or fail."""
-
-    def __init__(self, document: dict[str, Any]) -> None:
-        self.document = document
-        self.fetches = 0
-        self.delay_seconds = 0.0
-        self.status = 200
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        # A sleeping handler must not hold up shutdown.
-        self._httpd.daemon_threads = True
-        self._httpd.block_on_close = False
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
-        self._thread.start()
-        self._running = True
-
-    @property
-    def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}/jwks.json"
-
-    def stop(self) -> None:
-        if self._running:
-            self._running = False
-            self._httpd.shutdown()
-            self._httpd.server_close()
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                server.fetches += 1
-                time.sleep(server.delay_seconds)
-                body = json.dumps(server.document).encode()
-                try:
-                    self.send_response(server.status)
-                    self.send_header("content-type", "application/json")
-                    self.send_header("content-length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                except ConnectionError:
-                    pass  # the client gave up waiting (the timeout test)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        return Handler
 
 
 class Clock:

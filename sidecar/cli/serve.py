@@ -9,6 +9,7 @@ from sidecar.cli.flags import add_setting_flags, settings_from_flags
 from sidecar.config import ConfigError
 from sidecar.runtime.addresses import parse_host_port
 from sidecar.runtime.bootstrap import Upstream
+from sidecar.runtime.jwks_relay import run_with_jwks_relay
 from sidecar.runtime.proxy import run_proxy
 from sidecar.runtime.server import serve_until_signalled
 from sidecar.runtime.workers import serve_workers_until_signalled
@@ -34,7 +35,8 @@ def serve(args: argparse.Namespace) -> int:
     """Serve ext_proc and ext_authz until SIGINT or SIGTERM; 1 when a worker died."""
     settings = settings_from_flags(args)
     run = serve_until_signalled if settings.workers == 1 else serve_workers_until_signalled
-    return asyncio.run(run(settings))
+    # The relay runs here, once, not in each worker.
+    return asyncio.run(run_with_jwks_relay(settings, run))
 
 
 def proxy(args: argparse.Namespace) -> int:

@@ -5,7 +5,8 @@ public key, an HMAC secret file), never from a token's header. Each key is
 bound at load time to the algorithms its type allows: an RSA key of at least
 2048 bits verifies RS*/PS*, an EC key the ES algorithm of its curve, an
 Ed25519 key EdDSA, an HMAC secret the HS* its length allows. Keys that fit
-none of these are refused (a single key) or skipped (a JWKS entry).
+none of these are refused (a single key) or left out (a JWKS entry, logged
+with its kid and the reason, never the key).
 """
 
 from __future__ import annotations
@@ -73,42 +74,64 @@ class KeySource(Protocol):
 
 def verification_key(key: object, kid: str | None = None) -> VerificationKey | None:
     """Wrap a key with the algorithms its type allows; None for unsupported or weak keys."""
+    checked = _checked_key(key, kid)
+    return checked if isinstance(checked, VerificationKey) else None
+
+
+def _checked_key(key: object, kid: str | None) -> VerificationKey | str:
+    """The key with the algorithms its type allows, or why it cannot verify (no key material)."""
     algorithms: tuple[str, ...]
     if isinstance(key, rsa.RSAPublicKey):
-        algorithms = RSA_ALGORITHMS if key.key_size >= MIN_RSA_BITS else ()
+        if key.key_size < MIN_RSA_BITS:
+            return f"RSA key of {key.key_size} bits (at least {MIN_RSA_BITS} required)"
+        algorithms = RSA_ALGORITHMS
     elif isinstance(key, ec.EllipticCurvePublicKey):
         curve_algorithm = EC_ALGORITHMS_BY_CURVE.get(key.curve.name)
-        algorithms = (curve_algorithm,) if curve_algorithm else ()
+        if curve_algorithm is None:
+            return "unsupported EC curve"
+        algorithms = (curve_algorithm,)
     elif isinstance(key, ed25519.Ed25519PublicKey):
         algorithms = ("EdDSA",)
     elif isinstance(key, bytes):
         algorithms = tuple(alg for alg, size in HMAC_MIN_BYTES.items() if len(key) >= size)
+        if not algorithms:
+            return f"HMAC secret of {len(key)} bytes (at least {MIN_HMAC_SECRET_BYTES} required)"
     else:
-        return None
-    return VerificationKey(key, algorithms, kid) if algorithms else None
+        # Private JWKs land here too: their type is not a public key type.
+        return "not a public key of a supported type"
+    return VerificationKey(key, algorithms, kid)
 
 
-def _key_from_jwk(jwk: object) -> VerificationKey | None:
-    """One JWKS entry as a verification key; None when it cannot verify signatures."""
-    if not isinstance(jwk, dict) or jwk.get("use", "sig") != "sig":
-        return None
+def _key_from_jwk(jwk: object) -> VerificationKey | str:
+    """One JWKS entry as a verification key, or why it cannot verify signatures."""
+    if not isinstance(jwk, dict):
+        return "not a JSON object"
+    if jwk.get("use", "sig") != "sig":
+        return "not for signatures (use)"
     kid = jwk.get("kid")
     declared = jwk.get("alg")
-    if (kid is not None and not isinstance(kid, str)) or (
-        declared is not None and declared not in _KNOWN_ALGORITHMS
-    ):
-        return None
+    if kid is not None and not isinstance(kid, str):
+        return "kid is not a string"
+    if declared is not None and declared not in _KNOWN_ALGORITHMS:
+        return "unsupported alg"
     try:
         parsed = jwt.PyJWK(jwk)
     # A JWKS is outside input; PyJWT lets KeyError/ValueError through for some defects.
     except (jwt.PyJWTError, KeyError, TypeError, ValueError):
-        return None
-    # Private JWKs are not verification keys: their type does not match here.
-    key = verification_key(parsed.key, kid)
-    if key is None or declared is None:
+        return "not a valid JWK"
+    key = _checked_key(parsed.key, kid)
+    if isinstance(key, str) or declared is None:
         return key
     # A JWK's `alg` narrows the key to that one algorithm.
-    return dataclasses.replace(key, algorithms=(declared,)) if declared in key.algorithms else None
+    if declared not in key.algorithms:
+        return "alg does not fit the key"
+    return dataclasses.replace(key, algorithms=(declared,))
+
+
+def _kid_for_logs(entry: object) -> str:
+    """The entry's kid as log text: quoted, cut short (it is the issuer's free text)."""
+    kid = entry.get("kid") if isinstance(entry, dict) else None
+    return repr(kid[:64]) if isinstance(kid, str) else "(none)"
 
 
 @dataclass(frozen=True)
@@ -120,17 +143,23 @@ class _KeySet:
         entries = document.get("keys") if isinstance(document, dict) else None
         if not isinstance(entries, list):
             raise ValueError(f"{origin}: not a JWKS (no 'keys' list)")
-        keys = tuple(key for key in map(_key_from_jwk, entries) if key is not None)
+        keys: list[VerificationKey] = []
+        for index, entry in enumerate(entries):
+            checked = _key_from_jwk(entry)
+            if isinstance(checked, VerificationKey):
+                keys.append(checked)
+            else:
+                # Which key and why, never the key: an operator can fix the issuer's set.
+                log.warning(
+                    "%s: JWKS key #%d (kid %s) left out: %s",
+                    origin,
+                    index,
+                    _kid_for_logs(entry),
+                    checked,
+                )
         if not keys:
             raise ValueError(f"{origin}: JWKS has no usable signature verification key")
-        if len(keys) < len(entries):
-            log.warning(
-                "%s: skipped %d of %d JWKS keys (not for signatures, unsupported or too weak)",
-                origin,
-                len(entries) - len(keys),
-                len(entries),
-            )
-        return cls(keys)
+        return cls(tuple(keys))
 
     def find(self, kid: str | None) -> VerificationKey | None:
         if kid is None:
@@ -206,16 +235,27 @@ class JwksUrl:
 
     async def key_for(self, kid: str | None) -> VerificationKey:
         """The key for ``kid``, refetching the set once if the kid is new."""
-        keys = self._keys
-        if keys is None or (self._expired() and not self._lock.locked() and self._may_fetch()):
-            keys = await self._fetch_coalesced()
-        key = keys.find(kid)
+        key = (await self._current()).find(kid)
         # A fetch in flight may bring the kid; joining it costs the issuer nothing.
         if key is None and kid is not None and (self._lock.locked() or self._may_fetch()):
             key = (await self._fetch_coalesced()).find(kid)
         if key is None:
             raise _key_unknown()
         return key
+
+    async def keys(self) -> tuple[VerificationKey, ...]:
+        """Every usable key now, fetched and refreshed as for ``key_for``.
+
+        For handing the set on (to Envoy, ``sidecar.runtime.jwks_relay``);
+        IdentityError ``jwks_unavailable`` while no fetch has ever succeeded.
+        """
+        return (await self._current()).keys
+
+    async def _current(self) -> _KeySet:
+        keys = self._keys
+        if keys is None or (self._expired() and not self._lock.locked() and self._may_fetch()):
+            keys = await self._fetch_coalesced()
+        return keys
 
     def _expired(self) -> bool:
         return self._clock() - self._fetched_at >= self._refresh_seconds
@@ -324,6 +364,11 @@ class HmacSecret(_SingleKey):
         self._key = key
 
 
+def is_jwks_url(jwks: str | None) -> bool:
+    """True when a ``--jwks`` value names a URL to fetch rather than a file."""
+    return jwks is not None and jwks.startswith(("http://", "https://"))
+
+
 def key_source(
     *, jwks: str | None, public_key: Path | None, hmac_secret_file: Path | None
 ) -> KeySource:
@@ -337,7 +382,7 @@ def key_source(
             "exactly one of --jwks, --jwt-public-key, --jwt-hmac-secret-file is required"
         )
     if jwks is not None:
-        if jwks.startswith(("http://", "https://")):
+        if is_jwks_url(jwks):
             return JwksUrl(jwks)
         return JwksFile(jwks)
     if public_key is not None:

@@ -17,8 +17,9 @@ from typing import Any
 from sidecar.config import IdentityMode, Settings
 from sidecar.envoy.ext_proc import IDENTITY_NAMESPACE
 from sidecar.identity.envoy_jwt import JWT_AUTHN_NAMESPACE
-from sidecar.runtime.addresses import UnixSocket, parse_http_url, parse_socket_address
-from sidecar.runtime.jwt_authn import jwks_cluster, jwt_authn_filter
+from sidecar.runtime.addresses import HostPort, UnixSocket, parse_http_url, parse_socket_address
+from sidecar.runtime.jwks_relay import relay_address
+from sidecar.runtime.jwt_authn import JWKS_RELAY_CLUSTER, jwt_authn_filter
 from sidecar.runtime.workers import worker_addresses
 
 
@@ -53,11 +54,29 @@ def _address(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
-def _sidecar_address(grpc_listen: str) -> dict[str, Any]:
-    address = parse_socket_address(grpc_listen)
+def _envoy_address(address: HostPort | UnixSocket) -> dict[str, Any]:
     if isinstance(address, UnixSocket):
         return {"pipe": {"path": address.path}}
     return _address(address.host, address.port)
+
+
+def _jwks_relay_clusters(settings: Settings) -> list[dict[str, Any]]:
+    """The cluster Envoy fetches a JWKS URL's keys through: the sidecar's relay, if needed."""
+    relay = relay_address(settings)
+    if relay is None:
+        return []
+    endpoint = {"endpoint": {"address": _envoy_address(relay)}}
+    return [
+        {
+            "name": JWKS_RELAY_CLUSTER,
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "load_assignment": {
+                "cluster_name": JWKS_RELAY_CLUSTER,
+                "endpoints": [{"lb_endpoints": [endpoint]}],
+            },
+        }
+    ]
 
 
 def _seconds(ms: int) -> str:
@@ -105,7 +124,12 @@ def _http_filters(settings: Settings, generated_jwks: Path | None) -> list[dict[
         },
         {
             "name": "envoy.filters.http.router",
-            "typed_config": {"@type": _TYPE + "envoy.extensions.filters.http.router.v3.Router"},
+            "typed_config": {
+                "@type": _TYPE + "envoy.extensions.filters.http.router.v3.Router",
+                # x-envoy-upstream-service-time would tell the client how long the
+                # database took, which grows with what it matched for every tenant.
+                "suppress_envoy_headers": True,
+            },
         },
     ]
 
@@ -201,7 +225,7 @@ def build_bootstrap(
             ],
             "clusters": [
                 _upstream_cluster(upstream),
-                *([cluster] if (cluster := jwks_cluster(settings)) else []),
+                *_jwks_relay_clusters(settings),
                 {
                     "name": SIDECAR_CLUSTER,
                     "type": "STATIC",
@@ -221,7 +245,11 @@ def build_bootstrap(
                         "endpoints": [
                             {
                                 "lb_endpoints": [
-                                    {"endpoint": {"address": _sidecar_address(address)}}
+                                    {
+                                        "endpoint": {
+                                            "address": _envoy_address(parse_socket_address(address))
+                                        }
+                                    }
                                     for address in worker_addresses(
                                         settings.grpc_listen, settings.workers
                                     )

@@ -7,67 +7,42 @@ It never refuses a request itself (``allow_missing_or_failed``): the sidecar
 answers every identity failure, with the same 401 and machine-readable reason
 in every mode, and without a verified payload nothing is admitted.
 
-Keys reach Envoy by file name, never inline, so secrets do not show up in
-Envoy's configuration dump. A PEM key, an HMAC secret or a JWKS file reaches
-Envoy as a JWKS the sidecar writes from the keys its own loader accepts
-(``sidecar.identity.keys``), so `envoy-jwt` verifies with no key that `jwt`
-mode would refuse. A JWKS URL is fetched by Envoy itself: its keys are not
-checked (docs/identity.md).
+Keys reach Envoy by file name or from the sidecar, never inline, so secrets
+do not show up in Envoy's configuration dump, and they are always keys the
+sidecar's own loader accepts (``sidecar.identity.keys``), so `envoy-jwt`
+verifies with no key that `jwt` mode would refuse: a PEM key, an HMAC secret
+or a JWKS file reaches Envoy as a JWKS file the sidecar writes; a JWKS URL is
+fetched by the sidecar and relayed to Envoy's ``remote_jwks``
+(``sidecar.runtime.jwks_relay``).
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
-
-from sidecar.config import ConfigError, Settings
+from sidecar.config import Settings
 from sidecar.identity.envoy_jwt import FAILURE_KEY, JWT_AUTHN_NAMESPACE, PAYLOAD_KEY
-from sidecar.identity.keys import HmacSecret, JwksFile, PemPublicKey, VerificationKey
-from sidecar.runtime.addresses import parse_http_url
+from sidecar.identity.keys import HmacSecret, JwksFile, PemPublicKey, VerificationKey, is_jwks_url
+from sidecar.identity.publish import public_jwks
+from sidecar.runtime.jwks_relay import relay_address, relay_url
 
 PROVIDER = "retrieval_gate"
-JWKS_CLUSTER = "jwks_provider"
+JWKS_RELAY_CLUSTER = "jwks_relay"
+# Envoy asks the relay this often; the relay's own cache follows the provider
+# (300 s), so this only bounds how long Envoy lags behind the relay.
+RELAY_CACHE_SECONDS = 30
+# Longer than the relay's own fetch from the provider (2 s), which a request may wait for.
+RELAY_TIMEOUT_SECONDS = 5
 
 _TYPE = "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication"
 
 
-def _is_url(jwks: str | None) -> bool:
-    return bool(jwks) and str(jwks).startswith(("http://", "https://"))
-
-
 def needs_generated_jwks(settings: Settings) -> bool:
     """True when Envoy gets its keys from a JWKS file the sidecar writes (every key but a URL)."""
-    return not _is_url(settings.jwks)
-
-
-def _jwk(key: VerificationKey) -> dict[str, Any]:
-    jwk = _public_jwk(key)
-    if key.kid is not None:
-        jwk["kid"] = key.kid
-    if len(key.algorithms) == 1:
-        # A key narrowed to one algorithm (an EC curve, EdDSA, a JWK's own alg) stays narrowed.
-        jwk["alg"] = key.algorithms[0]
-    return jwk
-
-
-def _public_jwk(key: VerificationKey) -> dict[str, Any]:
-    value = key.key
-    if isinstance(value, bytes):
-        k = base64.urlsafe_b64encode(value).rstrip(b"=").decode()
-        return {"kty": "oct", "k": k}
-    if isinstance(value, rsa.RSAPublicKey):
-        return dict(RSAAlgorithm.to_jwk(value, as_dict=True))
-    if isinstance(value, ec.EllipticCurvePublicKey):
-        return dict(ECAlgorithm.to_jwk(value, as_dict=True))
-    if isinstance(value, ed25519.Ed25519PublicKey):
-        return dict(OKPAlgorithm.to_jwk(value, as_dict=True))
-    raise ValueError("unsupported key type")
+    return not is_jwks_url(settings.jwks)
 
 
 def write_generated_jwks(settings: Settings, path: Path) -> None:
@@ -83,21 +58,26 @@ def write_generated_jwks(settings: Settings, path: Path) -> None:
         keys = (PemPublicKey(settings.jwt_public_key).key,)
     elif settings.jwt_hmac_secret_file is not None:
         keys = (HmacSecret(settings.jwt_hmac_secret_file).key,)
-    elif settings.jwks is not None and not _is_url(settings.jwks):
+    elif settings.jwks is not None and not is_jwks_url(settings.jwks):
         keys = JwksFile(settings.jwks).keys
     else:
         raise ValueError("no PEM key, HMAC secret or JWKS file configured")
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-        json.dump({"keys": [_jwk(key) for key in keys]}, handle)
+        json.dump(public_jwks(keys), handle)
 
 
 def _jwks_source(settings: Settings, generated_jwks: Path | None) -> dict[str, Any]:
-    if _is_url(settings.jwks):
+    relay = relay_address(settings)
+    if relay is not None:
         return {
             "remote_jwks": {
-                "http_uri": {"uri": settings.jwks, "cluster": JWKS_CLUSTER, "timeout": "2s"},
-                "cache_duration": "300s",
+                "http_uri": {
+                    "uri": relay_url(relay),
+                    "cluster": JWKS_RELAY_CLUSTER,
+                    "timeout": f"{RELAY_TIMEOUT_SECONDS}s",
+                },
+                "cache_duration": f"{RELAY_CACHE_SECONDS}s",
             }
         }
     if generated_jwks is None:
@@ -130,35 +110,3 @@ def jwt_authn_filter(settings: Settings, generated_jwks: Path | None = None) -> 
             "rules": [{"match": {"prefix": "/"}, "requires": verify_or_record}],
         },
     }
-
-
-def jwks_cluster(settings: Settings) -> dict[str, Any] | None:
-    """The cluster Envoy fetches a remote JWKS through, when the JWKS is a URL."""
-    if not _is_url(settings.jwks):
-        return None
-    try:
-        url = parse_http_url(str(settings.jwks))
-    except ValueError as exc:
-        raise ConfigError(f"setting 'jwks': {exc}") from None
-    address = {"address": url.host, "port_value": url.port}
-    cluster: dict[str, Any] = {
-        "name": JWKS_CLUSTER,
-        "type": "STRICT_DNS",
-        "connect_timeout": "2s",
-        "load_assignment": {
-            "cluster_name": JWKS_CLUSTER,
-            "endpoints": [
-                {"lb_endpoints": [{"endpoint": {"address": {"socket_address": address}}}]}
-            ],
-        },
-    }
-    if url.tls:
-        cluster["transport_socket"] = {
-            "name": "envoy.transport_sockets.tls",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3."
-                "UpstreamTlsContext",
-                "sni": url.host,
-            },
-        }
-    return cluster

@@ -12,6 +12,7 @@ from sidecar.config import IdentityMode, Settings
 from sidecar.runtime.addresses import HostPort
 from sidecar.runtime.bootstrap import Upstream, build_bootstrap
 from sidecar.runtime.envoy_process import EnvoyProcess
+from sidecar.runtime.jwks_relay import serving_jwks_relay
 from sidecar.runtime.jwt_authn import needs_generated_jwks, write_generated_jwks
 from sidecar.runtime.server import Sidecar, SidecarServer
 from sidecar.runtime.signals import StopSignals
@@ -42,42 +43,45 @@ async def run_proxy(
         workdir = Path(tmp)
         if private_socket:
             settings = replace(settings, grpc_listen=f"unix:{workdir / 'gate.sock'}")
+        # Only this Envoy fetches the relayed JWKS: no port to pick, none to collide.
+        settings = replace(settings, jwks_relay=f"unix:{workdir / 'jwks.sock'}")
         generated_jwks = None
         if settings.identity is IdentityMode.ENVOY_JWT and needs_generated_jwks(settings):
             generated_jwks = workdir / "jwks.json"
             write_generated_jwks(settings, generated_jwks)
-        server: SidecarServer | WorkerPool = (
-            SidecarServer(Sidecar.from_settings(settings))
-            if settings.workers == 1
-            else WorkerPool(settings)
-        )
-        try:
-            await server.start()
-        except BaseException:
-            await server.stop()
-            raise
-        envoy = EnvoyProcess(
-            build_bootstrap(
-                settings, listen=listen, upstream=upstream, generated_jwks=generated_jwks
-            ),
-            workdir,
-            concurrency=envoy_concurrency,
-        )
-        try:
-            await envoy.start()
-            log.info(
-                "proxy ready: http://%s -> %s://%s (envoy pid %s)",
-                HostPort(*listen),
-                "https" if upstream.tls else "http",
-                HostPort(upstream.host, upstream.port),
-                envoy.pid,
+        async with serving_jwks_relay(settings):
+            server: SidecarServer | WorkerPool = (
+                SidecarServer(Sidecar.from_settings(settings))
+                if settings.workers == 1
+                else WorkerPool(settings)
             )
-            if ready is not None:
-                ready.set()
-            exits = {"envoy": envoy.wait()}
-            if isinstance(server, WorkerPool):
-                exits["a sidecar worker"] = server.wait()
-            return await signals.wait(exits)
-        finally:
-            await envoy.stop()
-            await server.stop()
+            try:
+                await server.start()
+            except BaseException:
+                await server.stop()
+                raise
+            envoy = EnvoyProcess(
+                build_bootstrap(
+                    settings, listen=listen, upstream=upstream, generated_jwks=generated_jwks
+                ),
+                workdir,
+                concurrency=envoy_concurrency,
+            )
+            try:
+                await envoy.start()
+                log.info(
+                    "proxy ready: http://%s -> %s://%s (envoy pid %s)",
+                    HostPort(*listen),
+                    "https" if upstream.tls else "http",
+                    HostPort(upstream.host, upstream.port),
+                    envoy.pid,
+                )
+                if ready is not None:
+                    ready.set()
+                exits = {"envoy": envoy.wait()}
+                if isinstance(server, WorkerPool):
+                    exits["a sidecar worker"] = server.wait()
+                return await signals.wait(exits)
+            finally:
+                await envoy.stop()
+                await server.stop()
