@@ -16,6 +16,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 _DECISION_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 ADMITTED_REASON = "NONE"
+# The ``outcome`` of a response the upstream answered with a non-2xx status on
+# a filtered route (the client got the gate's error body): beside the
+# ``Outcome`` values, so gate failures (``error``) stay apart from the database's.
+UPSTREAM_ERROR_OUTCOME = "upstream_error"
 
 
 class GateMetrics:
@@ -35,7 +39,8 @@ class GateMetrics:
         )
         self.responses = counter(
             "retrieval_gate_responses",
-            "Responses seen, by outcome (filtered, abstained, blocked, passthrough, error).",
+            "Responses seen, by outcome "
+            "(filtered, abstained, blocked, passthrough, error, upstream_error).",
             ("outcome", "format"),
         )
         self.decision_seconds = Histogram(

@@ -10,16 +10,21 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
+import orjson
 import psycopg
 import pytest
 
 from sidecar.audit.jsonl import JsonlAuditSink
 from sidecar.audit.postgres import AuditChainConflict, PostgresAuditSink, ship_batch
 from sidecar.audit.postgres_schema import AuditRow, ensure_schema
+from sidecar.audit.record import AuditRecord, UpstreamError
 from sidecar.audit.verify import verify_chain, verify_postgres_chain
 from sidecar.cli.audit import add_verify_arguments, verify
+from sidecar.core.modes import Mode
+from sidecar.core.outcome import Outcome
 from tests.fixtures.postgres import fresh_database
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.postgres]
@@ -449,3 +454,41 @@ def test_a_malformed_url_is_refused_without_echoing_the_password(
     assert "s3cret" not in str(caught.value)
     assert run_verify("--store", malformed) == 2
     assert "s3cret" not in capsys.readouterr().err
+
+
+def test_an_upstream_error_record_ships_and_verifies_and_its_text_cannot_be_edited(
+    tmp_path: Path, dsn: str
+) -> None:
+    # The upstream's text as the record keeps it: bounded, U+FFFD for bad bytes.
+    upstream = UpstreamError.from_body(500, b'{"error":"near \'it\\u00e9s\'\n\xff"}' + b"x" * 2000)
+    error = AuditRecord(
+        decision_id="d-up",
+        request_id="r",
+        time=datetime(2024, 5, 1, 12, tzinfo=UTC),
+        tenant="acme",
+        principals_sha256="ab" * 32,
+        format="qdrant",
+        mode=Mode.ENFORCE,
+        outcome=Outcome.ERROR,
+        latency_ms=0.1,
+        error="upstream_error",
+        upstream=upstream,
+    )
+    spool = tmp_path / "spool.jsonl"
+    JsonlAuditSink(spool).write(error.to_dict())
+    sink = PostgresAuditSink(spool, dsn, chain_id="a", flush_interval=0.02)
+    sink.start()
+    wait_for(lambda: sink.backlog == 0)
+    sink.close()
+    [report] = verify_postgres_chain(dsn)
+    assert report.ok and report.records == 1
+    with psycopg.connect(dsn) as connection:
+        (line,) = connection.execute("SELECT record FROM audit_records").fetchone() or ("",)
+    assert orjson.loads(line)["upstream_text"] == upstream.text
+    admin(
+        dsn,
+        "ALTER TABLE audit_records DISABLE TRIGGER USER",
+        "UPDATE audit_records SET record = replace(record, 'near', 'far')",
+    )
+    [report] = verify_postgres_chain(dsn)
+    assert report.problem == "seq 1: content does not match its sha256 (edited)"

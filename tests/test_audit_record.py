@@ -5,8 +5,17 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import orjson
+from hypothesis import given
+from hypothesis import strategies as st
 
-from sidecar.audit.record import AuditRecord, Release, Substitution
+from sidecar.audit.record import (
+    UPSTREAM_TEXT_BYTES,
+    AuditRecord,
+    Release,
+    Substitution,
+    UpstreamError,
+    upstream_text,
+)
 from sidecar.core.decision import ChunkDecision, Verdict
 from sidecar.core.modes import Mode
 from sidecar.core.outcome import Outcome
@@ -99,3 +108,26 @@ def test_an_unreadable_body_has_an_error_and_no_decision_fields() -> None:
     out = _record(error="upstream_body_malformed").to_dict()
     assert out["error"] == "upstream_body_malformed"
     assert not {"candidates", "rejected", "admitted", "released", "refusal"} & out.keys()
+
+
+def test_an_upstream_error_keeps_its_status_and_text_and_no_decision_fields() -> None:
+    record = _record(error="upstream_error")
+    record.upstream = UpstreamError.from_body(503, b'{"error":"shard failed"}')
+    out = record.to_dict()
+    assert out["error"] == "upstream_error"
+    assert (out["upstream_status"], out["upstream_text"]) == (503, '{"error":"shard failed"}')
+    assert not {"candidates", "rejected", "admitted", "released", "refusal"} & out.keys()
+    assert "upstream_status" not in _record(error="upstream_body_malformed").to_dict()
+
+
+@given(st.binary(max_size=3 * UPSTREAM_TEXT_BYTES))
+def test_upstream_text_is_the_first_kib_as_valid_text(body: bytes) -> None:
+    text = upstream_text(body)
+    assert text == body[:UPSTREAM_TEXT_BYTES].decode("utf-8", "replace")
+    assert len(text) <= UPSTREAM_TEXT_BYTES
+    orjson.dumps(text)  # always serialisable: no lone surrogates
+
+
+def test_a_character_cut_at_the_bound_becomes_a_replacement_character() -> None:
+    body = b"x" * (UPSTREAM_TEXT_BYTES - 1) + "é".encode() + b"tail"
+    assert upstream_text(body) == "x" * (UPSTREAM_TEXT_BYTES - 1) + "\ufffd"

@@ -25,8 +25,9 @@ from sidecar.config import RouteOptions, Settings, default_policy_dir, format_ta
 from sidecar.core.caller import Caller
 from sidecar.core.chunk_record import Status
 from sidecar.core.gate import Gate
-from sidecar.core.hits import Route
+from sidecar.core.hits import Candidate, Route
 from sidecar.core.modes import Mode, RoutePolicy
+from sidecar.enforcement.deciding import Decided, Decider
 from sidecar.enforcement.response_filter import FilterResult, ResponseFilter
 from sidecar.metrics import GateMetrics
 from sidecar.rego.regorus_engine import RegorusEngine
@@ -57,6 +58,7 @@ class Core:
         self,
         route_policy: Callable[[str], RoutePolicy] | None = None,
         audit: AuditSink | None = None,
+        max_hits: int = 10_000,
     ) -> ResponseFilter:
         """A filter over this core's store, gate, metrics and clock; the audit sink may differ."""
         return ResponseFilter(
@@ -66,6 +68,7 @@ class Core:
             audit=audit or self.audit,
             metrics=self.metrics,
             route_policy=route_policy or Settings().route_policy,
+            max_hits=max_hits,
             clock=lambda: self.now,
         )
 
@@ -311,3 +314,112 @@ def test_route_policies_are_resolved_once_per_path_and_never_mixed(core: Core) -
         assert asyncio.run(core.filter.filter(fmt, strict, ALICE, "r", body)).status == 403
         assert asyncio.run(core.filter.filter(fmt, SEARCH, ALICE, "r", body)).status == 200
     assert sorted(resolved) == sorted([strict.path, SEARCH.path])
+
+
+@pytest.mark.parametrize("mode", [Mode.ENFORCE, Mode.STRICT])
+def test_a_body_over_max_hits_is_refused_recorded_and_counted(core: Core, mode: Mode) -> None:
+    core.filter = core.response_filter(Settings(mode=mode).route_policy, max_hits=2)
+    assert returned_ids(core.search("1", "2")) == ["1", "2"]  # at the limit: decided
+    result = core.search("1", "2", "3")
+    record = core.last_audit()
+    assert result.status == 502
+    assert orjson.loads(result.body or b"") == {
+        "error": "upstream_too_many_hits",
+        "decision_id": record["decision_id"],
+    }
+    assert record["error"] == "upstream_too_many_hits" and record["outcome"] == "error"
+    assert "candidates" not in record
+    assert core.sample("retrieval_gate_responses_total", outcome="error", format="qdrant") == 1
+
+
+def test_audit_mode_passes_a_body_over_max_hits_and_records_it(core: Core) -> None:
+    core.filter = core.response_filter(Settings(mode=Mode.AUDIT).route_policy, max_hits=2)
+    result = core.search("1", "2", "3")
+    assert (result.status, result.body) == (200, None)
+    assert core.last_audit()["error"] == "upstream_too_many_hits"
+
+
+def test_an_upstream_error_keeps_only_the_first_kib_of_its_text(core: Core) -> None:
+    fmt = core.filter.format_for(SEARCH)
+    assert fmt is not None
+    body = b'{"error":"' + b"a" * 5000 + b'"}'
+    result = core.filter.upstream_error(fmt, SEARCH, ALICE, "req-1", 500, body)
+    record = core.last_audit()
+    assert result.status == 500
+    assert orjson.loads(result.body or b"") == {
+        "error": "upstream_error",
+        "decision_id": record["decision_id"],
+    }
+    assert record["upstream_text"] == body[:1024].decode()
+    assert verify_chain(core.audit_path).ok
+
+
+POINT = Route("GET", "/collections/docs/points/3")
+
+
+def fetch_point(core: Core, point_id: str) -> FilterResult:
+    """GET one point by id, answered by the upstream as Qdrant answers a found one."""
+    hit = {"id": int(point_id), "payload": {"text": text_for(point_id)}}
+    body = orjson.dumps({"result": hit, "status": "ok", "time": 0.001})
+    fmt = core.filter.format_for(POINT)
+    assert fmt is not None
+    return asyncio.run(core.filter.filter(fmt, POINT, ALICE, "req-1", body))
+
+
+@pytest.mark.parametrize("mode", [Mode.ENFORCE, Mode.STRICT])
+def test_a_rejected_point_fetched_by_id_is_answered_as_a_missing_one(
+    core: Core, mode: Mode
+) -> None:
+    core.filter = core.response_filter(Settings(mode=mode).route_policy)
+    rejected = fetch_point(core, "3")  # revoked
+    fmt = core.filter.format_for(POINT)
+    assert fmt is not None
+    missing = core.filter.upstream_error(fmt, POINT, ALICE, "req-2", 404, b'{"status":{}}')
+    assert rejected.status == missing.status == 404
+    assert rejected.body is not None and missing.body is not None
+    assert orjson.loads(rejected.body).keys() == orjson.loads(missing.body).keys()
+    assert orjson.loads(rejected.body)["error"] == orjson.loads(missing.body)["error"]
+    assert rejected.headers.keys() == missing.headers.keys()
+    assert rejected.headers["x-retrieval-gate-admitted"] == "0"
+
+
+def test_with_upstream_errors_passed_a_rejected_point_gets_the_databases_not_found(
+    core: Core,
+) -> None:
+    settings = Settings(routes={"/collections/docs": RouteOptions(pass_upstream_errors=True)})
+    core.filter = core.response_filter(settings.route_policy)
+    rejected = fetch_point(core, "3")
+    assert rejected.status == 404
+    assert orjson.loads(rejected.body or b"")["status"]["error"].startswith("Not found")
+    assert rejected.headers == {}  # a missing point's answer passes without gate headers
+
+
+def test_a_large_body_is_decided_in_slices_that_let_other_responses_through(
+    core: Core,
+) -> None:
+    core.load(
+        *(record_dict(str(i), status="revoked" if i % 3 else "approved") for i in range(4, 3000))
+    )
+    large = [Candidate(i, str(i + 1), text_for(str(i + 1))) for i in range(3000)]
+    small = [Candidate(0, "1", text_for("1"))]
+    decider = Decider(core.store, core.gate, lambda: core.now)
+    finished: list[str] = []
+
+    async def decide(name: str, candidates: list[Candidate]) -> Decided:
+        decided = await decider.decide(ALICE, candidates, substitute=False)
+        finished.append(name)
+        return decided
+
+    async def both() -> Decided:
+        # Tasks start in the order they are created: the large body first.
+        first = asyncio.create_task(decide("large", large))
+        await asyncio.gather(first, asyncio.create_task(decide("small", small)))
+        return first.result()
+
+    decided = asyncio.run(both())
+    assert finished == ["small", "large"]
+    # Slicing changes nothing about the verdict: one call over the whole body says the same.
+    lookup = asyncio.run(core.store.fetch_partial({c.chunk_id or "" for c in large}))
+    whole = core.gate.decide(ALICE, large, lookup.records, lookup.unavailable, core.now)
+    assert decided.verdict.decisions == whole.decisions
+    assert decided.kept == whole.admitted_positions

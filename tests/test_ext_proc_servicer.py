@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import threading
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import brotli
 import grpc
@@ -21,8 +23,9 @@ import pytest
 import zstandard
 from google.protobuf import struct_pb2
 
-from sidecar.config import IdentityMode, Settings
+from sidecar.config import IdentityMode, RouteOptions, Settings
 from sidecar.core.hits import Route, RouteKind
+from sidecar.core.modes import Mode
 from sidecar.envoy.ext_proc import IDENTITY_NAMESPACE, ExternalProcessorServicer
 from sidecar.formats.registry import FormatTable
 from sidecar.runtime.server import Sidecar
@@ -73,9 +76,14 @@ def client_headers(path: str, method: str = "POST") -> ext_proc.ProcessingReques
     )
 
 
-def response_headers(status: str = "200", **extra: str) -> ext_proc.ProcessingRequest:
+def response_headers(
+    status: str = "200", *, end: bool = False, **extra: str
+) -> ext_proc.ProcessingRequest:
+    """Response headers; ``end``: the response has no body."""
     return ext_proc.ProcessingRequest(
-        response_headers=ext_proc.HttpHeaders(headers=headers(colon_status=status, **extra))
+        response_headers=ext_proc.HttpHeaders(
+            headers=headers(colon_status=status, **extra), end_of_stream=end
+        )
     )
 
 
@@ -182,7 +190,7 @@ def test_unreadable_ext_authz_metadata_is_401(sidecar: Sidecar) -> None:
 def test_a_route_the_gate_does_not_filter_ends_the_stream_at_the_request_headers(
     sidecar: Sidecar,
 ) -> None:
-    (answer,) = run_stream(sidecar, [client_headers("/collections/docs", method="GET")])
+    (answer,) = run_stream(sidecar, [client_headers("/collections/docs/cluster", method="GET")])
     mode = answer.mode_override
     assert mode.response_header_mode == mode.SKIP
     assert mode.response_body_mode == mode.NONE
@@ -191,10 +199,183 @@ def test_a_route_the_gate_does_not_filter_ends_the_stream_at_the_request_headers
     assert sorted(removed) == ["x-gate-principals", "x-gate-tenant"]  # accept-encoding stays
 
 
-def test_upstream_error_status_is_not_inspected(sidecar: Sidecar) -> None:
-    answers = run_stream(sidecar, [request_headers(SEARCH), response_headers("503")])
-    assert answers[1].HasField("mode_override")
+def audit_records(sidecar: Sidecar) -> list[dict[str, Any]]:
+    assert sidecar.settings.audit_log is not None
+    return [orjson.loads(line) for line in sidecar.settings.audit_log.read_bytes().splitlines()]
+
+
+def responses_counted(sidecar: Sidecar, outcome: str) -> float:
+    labels = {"outcome": outcome, "format": "qdrant"}
+    value = sidecar.metrics.registry.get_sample_value("retrieval_gate_responses_total", labels)
+    return value or 0.0
+
+
+# An upstream error that quotes a document, as an Elasticsearch script error can.
+QUOTING_ERROR = b'{"status":{"error":"script failed near \'Text of chunk 2\'"},"time":0.1}'
+
+
+def test_an_upstream_error_is_read_and_answered_with_the_gates_body(sidecar: Sidecar) -> None:
+    answers = run_stream(
+        sidecar,
+        [
+            request_headers(SEARCH),
+            response_headers("503", content_type="application/json", retry_after="5"),
+            response_body(QUOTING_ERROR),
+        ],
+    )
+    # The body is wanted (buffered): no mode override skips it.
+    assert not answers[1].HasField("mode_override")
     assert not answers[1].HasField("immediate_response")
+    answer = answers[2].immediate_response
+    (record,) = audit_records(sidecar)
+    assert answer.status.code == 503
+    assert orjson.loads(answer.body) == {
+        "error": "upstream_error",
+        "decision_id": record["decision_id"],
+    }
+    sent = {o.header.key: o.header.raw_value.decode() for o in answer.headers.set_headers}
+    assert sent == {
+        "content-type": "application/json",
+        "x-retrieval-gate-decision-id": record["decision_id"],
+        "x-retrieval-gate-admitted": "0",
+    }
+    assert record["outcome"] == "error"
+    assert record["error"] == "upstream_error"
+    assert record["upstream_status"] == 503
+    assert record["upstream_text"] == QUOTING_ERROR.decode()
+    assert "candidates" not in record and "released" not in record
+    assert responses_counted(sidecar, "upstream_error") == 1
+    assert responses_counted(sidecar, "passthrough") == 0
+
+
+def test_an_upstream_error_without_a_body_is_answered_at_its_headers(sidecar: Sidecar) -> None:
+    answers = run_stream(
+        sidecar, [request_headers(SEARCH), response_headers("302", end=True, location="/elsewhere")]
+    )
+    answer = answers[1].immediate_response
+    assert answer.status.code == 302
+    assert orjson.loads(answer.body)["error"] == "upstream_error"
+    assert "location" not in {o.header.key for o in answer.headers.set_headers}
+    (record,) = audit_records(sidecar)
+    assert (record["upstream_status"], record["upstream_text"]) == (302, "")
+
+
+def test_an_interim_status_as_the_final_answer_becomes_502(sidecar: Sidecar) -> None:
+    answers = run_stream(sidecar, [request_headers(SEARCH), response_headers("101", end=True)])
+    assert answers[1].immediate_response.status.code == 502
+    assert audit_records(sidecar)[0]["upstream_status"] == 101
+
+
+def test_a_compressed_upstream_error_is_decoded_for_the_audit_record(sidecar: Sidecar) -> None:
+    run_stream(
+        sidecar,
+        [
+            request_headers(SEARCH),
+            response_headers("500", content_encoding="gzip"),
+            response_body(gzip.compress(QUOTING_ERROR)),
+        ],
+    )
+    assert audit_records(sidecar)[0]["upstream_text"] == QUOTING_ERROR.decode()
+
+
+def routed_sidecar(tmp_path: Path, **routes: RouteOptions) -> Sidecar:
+    """A sidecar whose ``routes`` are keyed by collection name."""
+    settings = replace(
+        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        audit_log=tmp_path / "audit.jsonl",
+        routes={f"/collections/{name}": options for name, options in routes.items()},
+    )
+    return Sidecar.from_settings(settings)
+
+
+def test_a_route_that_passes_upstream_errors_never_reads_them(tmp_path: Path) -> None:
+    sidecar = routed_sidecar(tmp_path, docs=RouteOptions(pass_upstream_errors=True))
+    answers = run_stream(sidecar, [request_headers(SEARCH), response_headers("503")])
+    assert answers[1].mode_override.response_body_mode == answers[1].mode_override.NONE
+    assert not answers[1].HasField("immediate_response")
+    assert not answers[1].response_headers.response.HasField("header_mutation")
+    assert responses_counted(sidecar, "passthrough") == 1
+    assert audit_records(sidecar) == []
+
+
+def test_audit_mode_passes_an_upstream_error_unchanged_and_records_it(tmp_path: Path) -> None:
+    sidecar = routed_sidecar(tmp_path, docs=RouteOptions(mode=Mode.AUDIT))
+    answers = run_stream(
+        sidecar,
+        [request_headers(SEARCH), response_headers("500", etag="x"), response_body(QUOTING_ERROR)],
+    )
+    assert not answers[1].response_headers.response.HasField("header_mutation")
+    assert answers[2].response_body == ext_proc.BodyResponse()  # the body goes on unchanged
+    (record,) = audit_records(sidecar)
+    assert record["outcome"] == "passthrough"
+    assert record["upstream_text"] == QUOTING_ERROR.decode()
+    assert responses_counted(sidecar, "passthrough") == 1
+
+
+def test_an_upstream_error_that_cannot_be_recorded_is_500(tmp_path: Path) -> None:
+    settings = replace(
+        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        audit_log=Path("/dev/full"),
+    )
+    answers = run_stream(
+        Sidecar.from_settings(settings),
+        [request_headers(SEARCH), response_headers("500"), response_body(QUOTING_ERROR)],
+    )
+    assert answers[2].immediate_response.status.code == 500
+    assert orjson.loads(answers[2].immediate_response.body) == {"error": "audit_unavailable"}
+
+
+def removed_headers(answer: ext_proc.ProcessingResponse) -> set[str]:
+    return set(answer.response_headers.response.header_mutation.remove_headers)
+
+
+UPSTREAM_HEADERS = {
+    "content_type": "application/json",
+    "date": "Mon, 01 Jun 2026 12:00:00 GMT",
+    "x_elastic_product": "Elasticsearch",
+    "content_length": str(len(BODY)),
+    "etag": '"v1"',
+    "server": "qdrant",
+    "x_total_hits": "2",
+    "x_retrieval_gate_admitted": "9",
+}
+
+
+def with_upstream_headers(status: str = "200", *, end: bool = False) -> ext_proc.ProcessingRequest:
+    """Response headers carrying ``UPSTREAM_HEADERS``."""
+    return ext_proc.ProcessingRequest(
+        response_headers=ext_proc.HttpHeaders(
+            headers=headers(colon_status=status, **UPSTREAM_HEADERS), end_of_stream=end
+        )
+    )
+
+
+def test_only_allowlisted_upstream_headers_reach_the_client(sidecar: Sidecar) -> None:
+    answers = run_stream(
+        sidecar,
+        [request_headers(SEARCH), with_upstream_headers(), response_body(BODY)],
+    )
+    assert removed_headers(answers[1]) == {
+        "etag",
+        "server",
+        "x-total-hits",
+        "x-retrieval-gate-admitted",  # the gate sets its own
+    }
+    # An answer without a body has no hits to filter, but its headers are.
+    answers = run_stream(sidecar, [request_headers(SEARCH), with_upstream_headers("204", end=True)])
+    assert answers[1].mode_override.response_body_mode == answers[1].mode_override.NONE
+    assert "etag" in removed_headers(answers[1])
+
+
+def test_audit_mode_leaves_upstream_headers_alone(tmp_path: Path) -> None:
+    sidecar = routed_sidecar(tmp_path, docs=RouteOptions(mode=Mode.AUDIT))
+    answers = run_stream(
+        sidecar,
+        [request_headers(SEARCH), with_upstream_headers(), response_body(BODY)],
+    )
+    assert removed_headers(answers[1]) == set()
 
 
 def test_body_in_parts_is_an_error_not_a_pass(sidecar: Sidecar) -> None:
@@ -360,3 +541,76 @@ def test_an_envoy_local_reply_without_request_headers_passes(sidecar: Sidecar) -
     (answer,) = run_stream(sidecar, [response_headers("401")])
     assert not answer.HasField("immediate_response")
     assert answer.mode_override.response_body_mode == answer.mode_override.NONE
+
+
+def test_a_large_body_is_parsed_off_the_event_loop_while_small_ones_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Near the issue's case (~95,000 distinct ids): other streams go on meanwhile.
+
+    The large body's parse is held until the small exchanges are done. Were it
+    parsed on the event loop, the hold would stall every stream, the small
+    ones could only finish after it, and the large one would be done first.
+    """
+    settings = replace(
+        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        audit_log=tmp_path / "audit.jsonl",
+        max_hits=100_000,
+        max_body_bytes=32 * 1024 * 1024,
+    )
+    sidecar = Sidecar.from_settings(settings)
+    sidecar.store.upsert([parse_record(record_dict("1")), parse_record(record_dict("2"))])
+    large = qb.encode(qb.search_body([qb.point(i, text_for(str(i))) for i in range(1, 95_001)]))
+    fmt = sidecar.response_filter.format_for(Route("POST", SEARCH))
+    assert fmt is not None
+    parse = fmt.parse
+    parsing, resume = threading.Event(), threading.Event()
+    resumed: list[bool] = []  # False: the hold timed out, nothing resumed it
+
+    def held(body: bytes, route: Route) -> Any:
+        if len(body) == len(large):
+            parsing.set()
+            # On the event loop, this would block every stream until the timeout.
+            resumed.append(resume.wait(timeout=10))
+        return parse(body, route)
+
+    monkeypatch.setattr(fmt, "parse", held)
+
+    async def go() -> tuple[bool, list[bytes], bytes]:
+        limit = settings.grpc_max_message_bytes
+        options = [("grpc.max_receive_message_length", limit)]
+        server = grpc.aio.server(options=options)
+        ext_proc_grpc.add_ExternalProcessorServicer_to_server(
+            ExternalProcessorServicer(
+                sidecar.response_filter, sidecar.access, max_body_bytes=settings.max_body_bytes
+            ),
+            server,
+        )
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = ext_proc_grpc.ExternalProcessorStub(channel)
+
+                async def exchange(body: bytes) -> bytes:
+                    messages = [request_headers(SEARCH), response_headers(), response_body(body)]
+                    answers = [answer async for answer in stub.Process(iter(messages))]
+                    return bytes(answers[-1].response_body.response.body_mutation.body)
+
+                pending = asyncio.create_task(exchange(large))
+                assert await asyncio.to_thread(parsing.wait, 10)
+                small = [await exchange(BODY) for _ in range(3)]
+                large_was_done = pending.done()
+                resume.set()
+                return large_was_done, small, await pending
+        finally:
+            await server.stop(0)
+
+    large_was_done, small, filtered = asyncio.run(go())
+    assert resumed == [True]  # the small exchanges ran to their end during the hold
+    assert not large_was_done
+    assert [[hit["id"] for hit in orjson.loads(body)["result"]] for body in small] == [[1]] * 3
+    assert [hit["id"] for hit in orjson.loads(filtered)["result"]] == [1, 2]
+    decided = [record["candidates"] for record in audit_records(sidecar)]
+    assert [len(candidates) for candidates in decided] == [2, 2, 2, 95_000]

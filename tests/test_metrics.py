@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from sidecar.metrics import GateMetrics
+from sidecar.core.outcome import Outcome
+from sidecar.metrics import UPSTREAM_ERROR_OUTCOME, GateMetrics
 
 
 def sample(metrics: GateMetrics, name: str, **labels: str) -> float | None:
@@ -45,3 +46,13 @@ def test_verdict_cache_counters_exist_from_the_start() -> None:
     metrics = GateMetrics()
     assert sample(metrics, "retrieval_gate_verdict_cache_hits_total") == 0
     assert sample(metrics, "retrieval_gate_verdict_cache_misses_total") == 0
+
+
+def test_upstream_errors_are_an_outcome_of_their_own() -> None:
+    # Apart from the gate's own failures (error), which an operator alerts on.
+    assert UPSTREAM_ERROR_OUTCOME not in {outcome.value for outcome in Outcome}
+    metrics = GateMetrics()
+    metrics.count_response(UPSTREAM_ERROR_OUTCOME, "qdrant")
+    name = "retrieval_gate_responses_total"
+    assert sample(metrics, name, outcome="upstream_error", format="qdrant") == 1
+    assert sample(metrics, name, outcome="error", format="qdrant") is None

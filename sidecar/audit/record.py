@@ -12,10 +12,40 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Final
 
 from sidecar.core.decision import Verdict
 from sidecar.core.modes import Mode
 from sidecar.core.outcome import Outcome
+
+# How much of an upstream error body an audit record keeps.
+UPSTREAM_TEXT_BYTES: Final = 1024
+
+
+def upstream_text(body: bytes) -> str:
+    """The first :data:`UPSTREAM_TEXT_BYTES` of an upstream error body, as text.
+
+    Bounded because every response writes a record that is hash-chained and
+    kept forever in an append-only store: an upstream (or a caller whose query
+    the upstream echoes in its error) must not be able to grow the audit trail
+    by megabytes per request, nor copy whole documents into it; the first KiB
+    says what went wrong. Bytes that are not UTF-8 (or a character cut at the
+    bound) become U+FFFD, so the record stays valid JSON.
+    """
+    return body[:UPSTREAM_TEXT_BYTES].decode("utf-8", "replace")
+
+
+@dataclass(slots=True)
+class UpstreamError:
+    """A non-2xx answer of the upstream on a filtered route: its status and bounded text."""
+
+    status: int
+    text: str  # upstream_text() of its body: never more than the first KiB
+
+    @classmethod
+    def from_body(cls, status: int, body: bytes) -> UpstreamError:
+        """The record of an upstream answer with ``status`` and ``body`` (bounded here)."""
+        return cls(status, upstream_text(body))
 
 
 @dataclass(slots=True)
@@ -52,10 +82,11 @@ class Release:
 class AuditRecord:
     """One response's decision record (not frozen, like Release).
 
-    ``verdict`` and ``release`` are None for a body the gate could not read;
-    ``error`` then says why. The verdict's decisions become the record's
-    ``candidates``, ``rejected`` (every reason, and the malformed hit's
-    detail) and ``admitted``.
+    ``verdict`` and ``release`` are None for a body the gate could not read
+    (or did not read: an upstream error); ``error`` then says why, and
+    ``upstream`` holds the upstream's status and error text. The verdict's
+    decisions become the record's ``candidates``, ``rejected`` (every reason,
+    and the malformed hit's detail) and ``admitted``.
     """
 
     decision_id: str
@@ -70,6 +101,7 @@ class AuditRecord:
     verdict: Verdict | None = None
     release: Release | None = None
     error: str | None = None
+    upstream: UpstreamError | None = None
 
     def to_dict(self) -> dict[str, object]:
         """The JSON object a sink writes (field names are part of the interface)."""
@@ -100,6 +132,9 @@ class AuditRecord:
         record["outcome"] = self.outcome
         if self.error is not None:
             record["error"] = self.error
+        if self.upstream is not None:
+            record["upstream_status"] = self.upstream.status
+            record["upstream_text"] = self.upstream.text
         return record
 
 

@@ -1,12 +1,15 @@
 """Step one of a response: look every candidate up and let the decision core decide.
 
-Also finds, when the route allows it, the successors that may take the place
-of superseded chunks: each successor is decided like any candidate, so
-nothing the caller may not read is ever substituted.
+A large body is looked up and decided in slices, with the event loop free to
+serve other streams between them (see ``_LOOKUP_SLICE``). Also finds, when
+the route allows it, the successors that may take the place of superseded
+chunks: each successor is decided like any candidate, so nothing the caller
+may not read is ever substituted.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,7 +20,18 @@ from sidecar.core.decision import Verdict
 from sidecar.core.gate import Gate
 from sidecar.core.hits import Candidate, Replacement
 from sidecar.core.reasons import Reason
-from sidecar.store.cache import CachedStore
+from sidecar.store.cache import CachedStore, Lookup
+
+# A store lookup and a decision hold the event loop (the SQLite store and the
+# metadata cache work on it; regorus keeps the GIL while it evaluates, so a
+# thread would not free the loop either), so a large body is decided in slices
+# with a turn for other streams after each. Measured on the 2-core build
+# machine with every record present: a SQLite lookup costs about 29 us per id,
+# and Gate.decide 19 us per candidate in slices of 256 but 57 us in one batch
+# of 4,096 (Rego's cost grows faster than the batch). So no slice holds the
+# loop much past 5-30 ms, and responses of up to 256 hits take one of each.
+_LOOKUP_SLICE = 1024
+_DECIDE_SLICE = 256
 
 # What may be wrong with a superseded chunk for its successor to take its place.
 _SUBSTITUTABLE = frozenset({Reason.STATUS_SUPERSEDED, Reason.EXPIRED})
@@ -56,13 +70,52 @@ class Decider:
         With ``substitute``, also the admitted successors of superseded candidates.
         """
         ids = {c.chunk_id for c in candidates if c.chunk_id is not None and c.text is not None}
-        lookup = await self._store.fetch_partial(ids)
+        lookup = await self._lookup(ids)
         now = self._clock()
-        verdict = self._gate.decide(caller, candidates, lookup.records, lookup.unavailable, now)
+        verdict = await self._decide(caller, candidates, lookup, now)
         replacements: dict[int, Replacement] = {}
         if substitute:
             replacements = await self._successors(caller, verdict, lookup.records, now)
         return Decided(verdict, replacements)
+
+    async def _lookup(self, ids: set[str]) -> Lookup:
+        """``fetch_partial(ids)``, in slices of ``_LOOKUP_SLICE`` ids for a large body."""
+        if len(ids) <= _LOOKUP_SLICE:
+            return await self._store.fetch_partial(ids)
+        ordered = list(ids)
+        records: dict[str, ChunkRecord] = {}
+        unavailable: set[str] = set()
+        for start in range(0, len(ordered), _LOOKUP_SLICE):
+            part = await self._store.fetch_partial(ordered[start : start + _LOOKUP_SLICE])
+            records.update(part.records)
+            unavailable.update(part.unavailable)
+            await asyncio.sleep(0)  # let other streams' messages in
+        return Lookup(records, frozenset(unavailable))
+
+    async def _decide(
+        self, caller: Caller, candidates: Sequence[Candidate], lookup: Lookup, now: datetime
+    ) -> Verdict:
+        """``Gate.decide``, in slices of ``_DECIDE_SLICE`` candidates for a large body.
+
+        Every slice is decided at the same ``now`` against the same lookup, so
+        the verdict is the one a single call would give. The verdict-cache
+        counts are per slice: a record repeated in two slices counts twice.
+        """
+        gate = self._gate
+        if len(candidates) <= _DECIDE_SLICE:
+            return gate.decide(caller, candidates, lookup.records, lookup.unavailable, now)
+        parts = []
+        for start in range(0, len(candidates), _DECIDE_SLICE):
+            part = candidates[start : start + _DECIDE_SLICE]
+            parts.append(gate.decide(caller, part, lookup.records, lookup.unavailable, now))
+            await asyncio.sleep(0)
+        return Verdict(
+            decisions=tuple(d for part in parts for d in part.decisions),
+            policy_version=parts[0].policy_version,
+            policy_failed=any(part.policy_failed for part in parts),
+            verdicts_cached=sum(part.verdicts_cached for part in parts),
+            verdicts_evaluated=sum(part.verdicts_evaluated for part in parts),
+        )
 
     async def _successors(
         self,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sidecar.audit.record import AuditRecord, Release, Substitution
+from sidecar.audit.record import AuditRecord, Release, Substitution, UpstreamError
 from sidecar.audit.sink import AuditError, AuditSink
 from sidecar.core.caller import Caller
 from sidecar.core.decision import Verdict
@@ -20,7 +20,7 @@ from sidecar.core.modes import Mode
 from sidecar.core.outcome import Outcome
 from sidecar.enforcement.deciding import Decided
 from sidecar.enforcement.releasing import Released
-from sidecar.metrics import ADMITTED_REASON, GateMetrics
+from sidecar.metrics import ADMITTED_REASON, UPSTREAM_ERROR_OUTCOME, GateMetrics
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,18 @@ class Recorder:
         self._write(self._record(facts, outcome, error=error))
         self._metrics.count_response(outcome, facts.format_name)
 
+    def upstream_error(
+        self, facts: ResponseFacts, outcome: Outcome, error: str, upstream: UpstreamError
+    ) -> None:
+        """Record and count an upstream error answer; raises AuditError.
+
+        ``outcome`` is what the client got: ``error`` (the gate's body, counted
+        as ``upstream_error``) or ``passthrough`` (audit mode: the upstream's).
+        """
+        self._write(self._record(facts, outcome, error=error, upstream=upstream))
+        label = UPSTREAM_ERROR_OUTCOME if outcome is Outcome.ERROR else outcome
+        self._metrics.count_response(label, facts.format_name)
+
     def unrecorded(self, format_name: str) -> None:
         """Count a response answered with an error because its record could not be written."""
         self._metrics.count_response(Outcome.ERROR, format_name)
@@ -117,6 +129,7 @@ class Recorder:
         verdict: Verdict | None = None,
         release: Release | None = None,
         error: str | None = None,
+        upstream: UpstreamError | None = None,
     ) -> AuditRecord:
         return AuditRecord(
             decision_id=facts.decision_id,
@@ -131,6 +144,7 @@ class Recorder:
             verdict=verdict,
             release=release,
             error=error,
+            upstream=upstream,
         )
 
     def _count(self, facts: ResponseFacts, verdict: Verdict, outcome: Outcome) -> None:

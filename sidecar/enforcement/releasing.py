@@ -6,10 +6,13 @@ back to the asked-for size when the gate over-fetched). Every body that goes
 out under enforce or strict is rendered by the adapter, even when nothing was
 removed: some formats carry side structures computed beyond the returned hits
 (Elasticsearch aggregations, Weaviate Aggregate) that never go out unfiltered.
+Under both, a route that asks for one hit by id answers its rejection as the
+absence of that hit (``AbsentAnswer``), never as a refusal that proves it exists.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -18,7 +21,7 @@ from sidecar.core.hits import Replacement
 from sidecar.core.modes import Mode
 from sidecar.core.outcome import Outcome
 from sidecar.enforcement.deciding import Decided
-from sidecar.formats.base import ParsedBody, Unreleasable
+from sidecar.formats.base import AbsentAnswer, MalformedBody, ParsedBody, Unreleasable
 
 
 @dataclass(slots=True)
@@ -27,7 +30,9 @@ class Released:
 
     ``body`` None with status 200 passes the upstream body unchanged (audit
     mode); with another status the client gets an error body for
-    ``refusal``. ``positions`` are the hits the client gets, in body order.
+    ``refusal``, or ``body`` when set: the database's own answer for a missing
+    hit (``AbsentAnswer``). ``positions`` are the hits the client gets, in
+    body order.
     """
 
     outcome: Outcome
@@ -61,12 +66,32 @@ def release(
         if len(kept) == total:
             return _rendered(Outcome.FILTERED, parsed, kept, limits, replacements)
         if mode is Mode.STRICT:
+            _raise_if_absent(parsed, kept, limits, replacements)
             return Released(Outcome.BLOCKED, 403, None, [], refusals.REJECTED_CHUNKS)
         outcome = Outcome.FILTERED if kept else Outcome.ABSTAINED
         return _rendered(outcome, parsed, kept, limits, replacements)
     except Unreleasable as exc:
         # What is left would still carry what was removed (e.g. generated text).
         return Released(Outcome.BLOCKED, 403, None, [], exc.code)
+    except AbsentAnswer as exc:
+        # The one hit the route asks for was rejected: answered as a missing one
+        # is, which on a filtered route is the gate's upstream_error answer.
+        return Released(Outcome.ABSTAINED, exc.status, exc.body, [], refusals.UPSTREAM_ERROR)
+
+
+def _raise_if_absent(
+    parsed: ParsedBody,
+    keep: frozenset[int],
+    limits: Sequence[int | None] | None,
+    replacements: Mapping[int, Replacement],
+) -> None:
+    """Raise AbsentAnswer where the route answers a rejected hit as a missing one.
+
+    Strict mode renders nothing else: this is only to learn whether the route
+    answers absence (a point fetched by id), where a 403 would say it exists.
+    """
+    with contextlib.suppress(Unreleasable, MalformedBody):
+        parsed.render(keep, limits, replacements)
 
 
 def _rendered(

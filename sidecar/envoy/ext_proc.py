@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -24,6 +24,7 @@ from sidecar import refusals
 from sidecar.access import AccessDenied, RequestAccess, path_problem
 from sidecar.core.caller import Caller, IdentityError
 from sidecar.core.hits import Route
+from sidecar.core.modes import Mode, RoutePolicy
 from sidecar.enforcement.response_filter import FilterResult, ResponseFilter
 from sidecar.envoy.content_encoding import UndecodableBody, decode, parse_content_encoding
 from sidecar.envoy.messages import header_dict, immediate, set_headers
@@ -66,6 +67,28 @@ def _whole_mode(
     )
 
 
+# What a non-2xx upstream status that cannot be kept becomes.
+_BAD_GATEWAY = 502
+
+# The upstream response headers a client of a filtered route gets (outside
+# audit mode); every other one is removed. An allowlist, as for bodies: a header
+# the gate does not know can describe unfiltered data (an ETag or a length over
+# every tenant's hits, a database's timing or shard header). Envoy's own
+# (server, x-envoy-*) and the gate's (x-retrieval-gate-*, set later) are not
+# upstream headers.
+RESPONSE_HEADERS_KEPT = frozenset(
+    {
+        # Clients pick their decoder by it (JSON, Elasticsearch's vendor type).
+        "content-type",
+        # Framing; the gate sets it to the length of the body it sends.
+        "content-length",
+        # An origin server must send it (RFC 9110, 6.6.1); it says only the time.
+        "date",
+        # elasticsearch-py refuses a 2xx answer without it; a constant, "Elasticsearch".
+        "x-elastic-product",
+    }
+)
+
 # Sent with the request-headers answer on routes the gate does not filter: the
 # stream ends there, one message for the whole request.
 _NOTHING_MORE = _whole_mode(_Mode.SKIP, _Mode.NONE)
@@ -86,6 +109,8 @@ class _Exchange:
     rewriter: RequestRewriter | None = None  # set when the request body is to be rewritten
     rewrite: RequestRewrite | None = None  # what the rewrite did, for the response side
     codings: tuple[str, ...] = ()  # the response body's content codings, as applied
+    upstream_status: int | None = None  # set for a non-2xx upstream answer to be replaced
+    query_string: str = ""  # the request's URL parameters, as sent
 
 
 class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
@@ -151,7 +176,7 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         self, exchange: _Exchange, message: ext_proc.HttpHeaders
     ) -> ext_proc.ProcessingResponse:
         headers = header_dict(message.headers)
-        path = headers.get(":path", "/").split("?", 1)[0]
+        path, _, exchange.query_string = headers.get(":path", "/").partition("?")
         exchange.route = Route(method=headers.get(":method", "GET"), path=path)
         exchange.request_id = headers.get("x-request-id", "")
         if path_problem(path) is not None:
@@ -182,10 +207,20 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
                 ),
                 mode_override=_NOTHING_MORE,
             )
+        problem = self._filter.request_problem(exchange.fmt, exchange.route, exchange.query_string)
+        if problem is not None:
+            log.info("request refused: %s", problem)
+            return _refuse(400, refusals.REQUEST_NOT_FILTERABLE, "retrieval_gate_unfilterable")
         # Ask for an uncompressed body; one that comes compressed anyway is decoded.
         mutation.remove_headers.append("accept-encoding")
-        if not message.end_of_stream:
-            exchange.rewriter = self._filter.rewriter_for(exchange.fmt, exchange.route)
+        exchange.rewriter = self._filter.rewriter_for(exchange.fmt, exchange.route)
+        if exchange.rewriter is not None and message.end_of_stream:
+            if self._filter.pushes_down(exchange.route):
+                # Envoy cannot add a body to a request that has none, and a search
+                # without one (GET /_search) is a search of every tenant's documents.
+                log.info("request refused: a search without a body on a push-down route")
+                return _refuse(400, refusals.REQUEST_NOT_FILTERABLE, "retrieval_gate_no_body")
+            exchange.rewriter = None
         response = ext_proc.ProcessingResponse(
             request_headers=ext_proc.HeadersResponse(
                 response=ext_proc.CommonResponse(header_mutation=mutation)
@@ -205,12 +240,20 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             log.error("request body arrived in parts; the gate needs it BUFFERED")
             return _refuse(500, refusals.GATE_MISCONFIGURED, "retrieval_gate_not_buffered")
         try:
-            rewrite = self._filter.rewrite_request(rewriter, route, caller, message.body)
+            rewrite = self._filter.rewrite_request(
+                rewriter, route, caller, message.body, exchange.query_string
+            )
         except UnfilterableRequest as exc:
             log.info("request refused: %s", exc.code)
             return _refuse(400, exc.code, "retrieval_gate_unfilterable_request")
         except MalformedRequest:
             return _refuse(400, refusals.REQUEST_BODY_MALFORMED, "retrieval_gate_bad_request")
+        try:
+            # Collections the body names beyond the path pass the same ownership check.
+            self._access.check_body_collections(caller, route, rewrite.collections)
+        except AccessDenied as exc:
+            log.info("request refused: %s %s", exc.status, exc.code)
+            return immediate(exc.status, exc.body(), f"retrieval_gate_{exc.code}")
         exchange.rewrite = rewrite
         common = ext_proc.CommonResponse(
             header_mutation=ext_proc.HeaderMutation(
@@ -224,16 +267,23 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         self, exchange: _Exchange, message: ext_proc.HttpHeaders
     ) -> ext_proc.ProcessingResponse:
         headers = header_dict(message.headers)
-        fmt = exchange.fmt
+        fmt, route = exchange.fmt, exchange.route
+        if fmt is None or route is None:
+            # Envoy's own answer (a local reply): nothing of the upstream's.
+            self._filter.count_passthrough("none")
+            return _headers_answer(_CONTINUE, skip_body=True)
+        policy = self._filter.policy_for(route)
         status = headers.get(":status", "")
-        if fmt is None or not status.startswith("2") or message.end_of_stream:
-            # An upstream error or an empty answer: the client gets it untouched.
-            self._filter.count_passthrough(fmt.name if fmt else "none")
+        if not status.startswith("2"):
+            return self._on_upstream_error(exchange, fmt, headers, message.end_of_stream, policy)
+        # Audit mode changes nothing the client gets; otherwise only allowlisted
+        # upstream headers reach it.
+        common = _CONTINUE if policy.mode is Mode.AUDIT else _allowlisted(headers)
+        if message.end_of_stream:
+            # An empty answer: no hits to filter.
+            self._filter.count_passthrough(fmt.name)
             exchange.fmt = None
-            return ext_proc.ProcessingResponse(
-                response_headers=ext_proc.HeadersResponse(response=_CONTINUE),
-                mode_override=_SKIP_BODY,
-            )
+            return _headers_answer(common, skip_body=True)
         try:
             # The gate asked for no compression; an upstream that compresses anyway
             # gets its body decoded, and the filtered body goes out uncompressed.
@@ -241,17 +291,63 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         except UndecodableBody as exc:
             exchange.fmt = None
             return self._unreadable(
-                exchange,
-                fmt,
-                str(exc),
-                ext_proc.ProcessingResponse(
-                    response_headers=ext_proc.HeadersResponse(response=_CONTINUE),
-                    mode_override=_SKIP_BODY,
-                ),
+                exchange, fmt, str(exc), _headers_answer(common, skip_body=True)
             )
-        return ext_proc.ProcessingResponse(
-            response_headers=ext_proc.HeadersResponse(response=_CONTINUE)
+        return _headers_answer(common, skip_body=False)
+
+    def _on_upstream_error(
+        self,
+        exchange: _Exchange,
+        fmt: ResponseFormat,
+        headers: Mapping[str, str],
+        end_of_stream: bool,
+        policy: RoutePolicy,
+    ) -> ext_proc.ProcessingResponse:
+        """A non-2xx upstream answer on a filtered route: its body is read for the audit record.
+
+        With ``pass_upstream_errors`` the route keeps the upstream's answer as
+        it is, unread and counted as a pass.
+        """
+        if policy.pass_upstream_errors:
+            self._filter.count_passthrough(fmt.name)
+            exchange.fmt = None
+            return _headers_answer(_CONTINUE, skip_body=True)
+        status = headers.get(":status", "")
+        exchange.upstream_status = int(status) if status.isdigit() else _BAD_GATEWAY
+        if end_of_stream:
+            passed = _headers_answer(_CONTINUE, skip_body=False)
+            return self._upstream_error(exchange, fmt, b"", passed)
+        try:
+            exchange.codings = parse_content_encoding(headers.get("content-encoding", ""))
+        except UndecodableBody:
+            exchange.codings = ()  # the audit record then keeps the body's bytes as they came
+        # The body is needed (buffered) for the audit record; the answer comes with it.
+        return _headers_answer(_CONTINUE, skip_body=False)
+
+    def _upstream_error(
+        self,
+        exchange: _Exchange,
+        fmt: ResponseFormat,
+        body: bytes,
+        passed: ext_proc.ProcessingResponse,
+    ) -> ext_proc.ProcessingResponse:
+        """The gate's answer for an upstream error, or ``passed`` in audit mode."""
+        assert exchange.route is not None and exchange.caller is not None
+        assert exchange.upstream_status is not None
+        result = self._filter.upstream_error(
+            fmt,
+            exchange.route,
+            exchange.caller,
+            exchange.request_id,
+            exchange.upstream_status,
+            body,
         )
+        if result.body is None:
+            return passed
+        # Only a final status can answer; an interim (1xx) one should never come here.
+        if not 300 <= result.status <= 599:
+            result.status = _BAD_GATEWAY
+        return _immediate(result, "retrieval_gate_upstream_error")
 
     def _unreadable(
         self,
@@ -283,18 +379,17 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             # would let unfiltered chunks through.
             log.error("response body arrived in parts; configure response_body_mode BUFFERED")
             return _refuse(500, refusals.GATE_MISCONFIGURED, "retrieval_gate_not_buffered")
-        body = message.body
-        if exchange.codings:
+        passed = ext_proc.ProcessingResponse(response_body=ext_proc.BodyResponse())
+        if exchange.upstream_status is not None:
             try:
-                # In a thread: decoding a large body must not stall every other stream.
-                body = await asyncio.to_thread(decode, body, exchange.codings, self._max_body_bytes)
-            except UndecodableBody as exc:
-                return self._unreadable(
-                    exchange,
-                    fmt,
-                    str(exc),
-                    ext_proc.ProcessingResponse(response_body=ext_proc.BodyResponse()),
-                )
+                body = await self._decoded(exchange, message.body)
+            except UndecodableBody:
+                body = message.body  # for the audit record only
+            return self._upstream_error(exchange, fmt, body, passed)
+        try:
+            body = await self._decoded(exchange, message.body)
+        except UndecodableBody as exc:
+            return self._unreadable(exchange, fmt, str(exc), passed)
         result = await self._filter.filter(
             fmt, route, caller, exchange.request_id, body, exchange.rewrite
         )
@@ -305,14 +400,17 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             mutation.remove_headers.append("content-encoding")
         return answer
 
+    async def _decoded(self, exchange: _Exchange, body: bytes) -> bytes:
+        """``body`` without its content codings; raises UndecodableBody."""
+        if not exchange.codings:
+            return body
+        # In a thread: decoding a large body must not stall every other stream.
+        return await asyncio.to_thread(decode, body, exchange.codings, self._max_body_bytes)
+
     @staticmethod
     def _body_answer(result: FilterResult) -> ext_proc.ProcessingResponse:
         if result.status != 200:
-            response = immediate(
-                result.status, result.body or b"", f"retrieval_gate_{result.outcome}"
-            )
-            response.immediate_response.headers.set_headers.extend(set_headers(result.headers))
-            return response
+            return _immediate(result, f"retrieval_gate_{result.outcome}")
         common = ext_proc.CommonResponse(
             header_mutation=ext_proc.HeaderMutation(set_headers=set_headers(result.headers))
         )
@@ -323,6 +421,33 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
                 set_headers({"content-length": str(len(result.body))})
             )
         return ext_proc.ProcessingResponse(response_body=ext_proc.BodyResponse(response=common))
+
+
+def _immediate(result: FilterResult, details: str) -> ext_proc.ProcessingResponse:
+    """``result`` (not a 200) as the whole answer: its status, body and gate headers."""
+    response = immediate(result.status, result.body or b"", details)
+    response.immediate_response.headers.set_headers.extend(set_headers(result.headers))
+    return response
+
+
+def _headers_answer(
+    common: ext_proc.CommonResponse, skip_body: bool
+) -> ext_proc.ProcessingResponse:
+    """The response-headers answer; ``skip_body``: Envoy neither buffers nor sends the body."""
+    answer = ext_proc.ProcessingResponse(response_headers=ext_proc.HeadersResponse(response=common))
+    if skip_body:
+        answer.mode_override.CopyFrom(_SKIP_BODY)
+    return answer
+
+
+def _allowlisted(headers: Mapping[str, str]) -> ext_proc.CommonResponse:
+    """Remove every upstream response header that is not in ``RESPONSE_HEADERS_KEPT``."""
+    removed = [
+        name
+        for name in headers
+        if name not in RESPONSE_HEADERS_KEPT and not name.startswith(":")  # pseudo-headers stay
+    ]
+    return ext_proc.CommonResponse(header_mutation=ext_proc.HeaderMutation(remove_headers=removed))
 
 
 def _local_reply(request: ext_proc.ProcessingRequest) -> bool:

@@ -152,10 +152,14 @@ class Sidecar:
             metrics=metrics,
             route_policy=settings.route_policy,
             overfetch_cap=settings.overfetch_cap,
+            max_hits=settings.max_hits,
         )
         log.info("policy %s loaded from %s", policy.version, settings.policy_dir)
         access = RequestAccess(
-            build_identity(settings), request_policy, route_kind=formats.route_kind
+            build_identity(settings),
+            request_policy,
+            route_kind=formats.route_kind,
+            collections=formats.collections,
         )
         listener = change_listener(inner, store)
         return cls(settings, metrics, store, audit, response_filter, access, listener)
