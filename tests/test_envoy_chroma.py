@@ -7,6 +7,12 @@ Envoy: it must get aligned, filtered results from ``collection.query`` and
 ``collection.get``, as Chroma's own client parses them. Raw bodies are also
 checked against the response schemas of Chroma's OpenAPI document
 (``tests.fixtures.chroma_bodies.RESPONSE_SCHEMAS``).
+
+The collection also holds another tenant's records (``OTHER``), between acme's
+in every ranking. The gate runs with its defaults, tenant push-down on
+(``tenant_key = "tenant"``): acme's requests never make Chroma return them,
+so results, the audit record's candidates and every answer that could tell
+whether one of them matches describe acme's records only.
 """
 
 from __future__ import annotations
@@ -48,6 +54,10 @@ CORPUS: dict[str, tuple[dict[str, Any] | None, str]] = {
     "c-08": ({}, text_for("c-08")),
 }
 ADMITTED = ["c-01", "c-04", "c-08"]
+# Another tenant's records in the same collection: the store has them as
+# globex's, and each document holds a word no acme record has.
+OTHER = {f"g-0{i}": [i + 0.5, 0.0] for i in range(1, 4)}
+OTHER_WORD = "zanzibar"
 EXPECTED_REASONS = {
     "c-02": "STATUS_REVOKED",
     "c-03": "TENANT_MISMATCH",
@@ -82,7 +92,14 @@ def direct(chroma_server: ChromaServer) -> Collection:
         ids=ids,
         embeddings=embeddings,
         documents=[CORPUS[i][1] for i in ids],
-        metadatas=[{"chunk": i, "rank": n} for n, i in enumerate(ids, 1)],
+        metadatas=[{"chunk": i, "rank": n, "tenant": "acme"} for n, i in enumerate(ids, 1)],
+    )
+    other: PyEmbeddings = list(OTHER.values())
+    collection.add(
+        ids=list(OTHER),
+        embeddings=other,
+        documents=[f"{text_for(i)} {OTHER_WORD}" for i in OTHER],
+        metadatas=[{"chunk": i, "rank": n, "tenant": "globex"} for n, i in enumerate(OTHER, 1)],
     )
     return collection
 
@@ -92,8 +109,13 @@ def stack(
     tmp_path_factory: pytest.TempPathFactory, chroma_server: ChromaServer, direct: Collection
 ) -> Iterator[GateStack]:
     records = [record_dict(i, **o) for i, (o, _) in CORPUS.items() if o is not None]
+    records += [record_dict(i, tenant_id="globex") for i in OTHER]
     gate = GateStack(
-        tmp_path_factory.mktemp("stack"), records, upstream_url=chroma_server.url
+        tmp_path_factory.mktemp("stack"),
+        records,
+        upstream_url=chroma_server.url,
+        # Push-down is on by default; of the metadata, these go out unverified.
+        config={"formats": {"chroma": {"releasable_fields": ["chunk", "rank"]}}},
     ).start()
     yield gate
     gate.stop()
@@ -113,8 +135,12 @@ def _path(collection: Collection, endpoint: str) -> str:
     )
 
 
+ACME: Where = {"tenant": "acme"}
+
+
 def _assert_aligned(ids: list[str], result: dict[str, Any], index: int | None = None) -> None:
-    """Every column entry belongs to the id at the same index."""
+    """Every column entry belongs to the id at the same index, and of its metadata
+    only the declared fields went out."""
 
     def column(name: str) -> Any:
         value = result[name]
@@ -124,13 +150,16 @@ def _assert_aligned(ids: list[str], result: dict[str, Any], index: int | None = 
     assert len(documents) == len(metadatas) == len(ids)
     for i, chunk_id in enumerate(ids):
         assert documents[i] == CORPUS[chunk_id][1] == text_for(chunk_id)
-        assert metadatas[i]["chunk"] == chunk_id
+        assert metadatas[i] == {"chunk": chunk_id, "rank": list(CORPUS).index(chunk_id) + 1}
 
 
 def test_query_with_several_embeddings_returns_only_admitted_hits_aligned(
     direct: Collection, gated: Collection
 ) -> None:
-    upstream = direct.query(query_embeddings=QUERIES, n_results=len(CORPUS), include=ALL_INCLUDE)
+    # What Chroma returns for the request as the gate sends it: acme's records.
+    upstream = direct.query(
+        query_embeddings=QUERIES, n_results=len(CORPUS), include=ALL_INCLUDE, where=ACME
+    )
     result = gated.query(query_embeddings=QUERIES, n_results=len(CORPUS), include=ALL_INCLUDE)
     assert upstream["ids"][0] == list(CORPUS)  # every chunk comes back, nearest first
     assert upstream["ids"][1] == list(reversed(CORPUS))
@@ -227,6 +256,7 @@ def test_raw_get_body_matches_the_schema(stack: GateStack, direct: Collection) -
     jsonschema.validate(body, RESPONSE_SCHEMAS["get"])
     assert sorted(body["ids"]) == ADMITTED
     assert [m["chunk"] for m in body["metadatas"]] == body["ids"]
+    assert all(set(m) == {"chunk", "rank"} for m in body["metadatas"])
     assert body["embeddings"] == [EMBEDDINGS[i] for i in body["ids"]]
 
 
@@ -236,4 +266,82 @@ def test_writes_through_the_gate_are_refused(direct: Collection, gated: Collecti
         gated.add(ids=["c-99"], embeddings=injected, documents=["injected"])
     with pytest.raises(Exception, match=r"(?i)forbidden"):
         gated.delete(ids=["c-01"])
-    assert direct.count() == len(CORPUS)
+    assert direct.count() == len(CORPUS) + len(OTHER)
+
+
+# -- tenant push-down ------------------------------------------------------------------
+
+
+def _candidates(stack: GateStack, decision_id: str) -> list[str]:
+    """The chunk ids Chroma returned for a request, as its audit record lists them."""
+    record = next(r for r in stack.audit_records() if r["decision_id"] == decision_id)
+    assert record["tenant_filter"] is True
+    return list(record.get("candidates", []))
+
+
+def test_other_tenants_records_are_in_the_collection_between_acmes(direct: Collection) -> None:
+    # The premise of the tests below: without the tenant condition they come back.
+    upstream = direct.query(query_embeddings=QUERIES[:1], n_results=4, include=[])
+    assert upstream["ids"] == [["c-01", "g-01", "c-02", "g-02"]]
+    assert direct.get(where_document={"$contains": OTHER_WORD}, include=[])["ids"] == list(OTHER)
+
+
+def test_a_where_filtered_query_never_sees_another_tenants_record(
+    stack: GateStack, direct: Collection
+) -> None:
+    # Even a filter that asks for globex's records by name gets acme's only.
+    widening: dict[str, Any] = {"$or": [{"tenant": "globex"}, {"rank": {"$gte": 1}}]}
+    request = {
+        "query_embeddings": QUERIES,
+        "n_results": 4,
+        "where": widening,
+        "include": ["documents", "metadatas"],
+    }
+    response = stack.search(_path(direct, "query"), body=orjson.dumps(request))
+    assert response.status == 200, response.body
+    body = response.json()
+    assert OTHER_WORD.encode() not in response.body
+    assert all(not i.startswith("g-") for ids in body["ids"] for i in ids)
+    # Chroma itself answered with acme's four nearest per query: no slot went to
+    # globex, so the counts describe acme's records only.
+    expected = direct.query(query_embeddings=QUERIES, n_results=4, where=ACME, include=[])
+    candidates = _candidates(stack, response.headers["x-retrieval-gate-decision-id"])
+    assert candidates == [i for ids in expected["ids"] for i in ids]
+    assert len(candidates) == 4 * len(QUERIES)
+
+
+def test_a_client_query_with_a_where_filter(gated: Collection) -> None:
+    rank_from_2: dict[WhereOperator | LogicalOperator, LiteralValue] = {"$gte": 2}
+    where: Where = {"rank": rank_from_2}
+    result = gated.query(query_embeddings=QUERIES[:1], n_results=len(CORPUS), where=where)
+    assert result["ids"] == [["c-04", "c-08"]]
+    _assert_aligned(result["ids"][0], dict(result), 0)
+
+
+def test_match_oracles_answer_alike_whether_or_not_another_tenant_matches(
+    stack: GateStack, direct: Collection
+) -> None:
+    """A word only globex's documents hold, and an id only globex has, get exactly
+    the answer of a word and an id nobody has."""
+
+    def answer(request: dict[str, Any]) -> tuple[int, bytes, list[str]]:
+        response = stack.search(_path(direct, "get"), body=orjson.dumps(request))
+        decision = response.headers["x-retrieval-gate-decision-id"]
+        return response.status, response.body, _candidates(stack, decision)
+
+    for include in ([], ["documents", "metadatas"]):
+        by_word = {"where_document": {"$contains": OTHER_WORD}, "include": include}
+        nobody = {"where_document": {"$contains": "nobody-has-this"}, "include": include}
+        assert answer(by_word) == answer(nobody) == (200, answer(nobody)[1], [])
+        by_id = {"ids": ["g-01"], "include": include}
+        no_id = {"ids": ["no-such-id"], "include": include}
+        assert answer(by_id) == answer(no_id) == (200, answer(no_id)[1], [])
+
+
+def test_a_get_page_lists_acmes_records_only(stack: GateStack, direct: Collection) -> None:
+    request = {"limit": 20, "include": ["documents"]}
+    response = stack.search(_path(direct, "get"), body=orjson.dumps(request))
+    assert response.status == 200, response.body
+    assert sorted(response.json()["ids"]) == ADMITTED
+    candidates = _candidates(stack, response.headers["x-retrieval-gate-decision-id"])
+    assert sorted(candidates) == sorted(CORPUS)

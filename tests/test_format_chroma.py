@@ -31,8 +31,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
+from sidecar.core.integrity import canonical_fields
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody, ResponseFormat
-from sidecar.formats.chroma import ChromaFormat
+from sidecar.formats.chroma import ChromaFormat, PathCollection
+from sidecar.formats.chroma_request import collection_endpoint
 from sidecar.formats.qdrant import QdrantFormat
 from sidecar.formats.registry import build_format_table, classify
 from tests.fixtures.chroma_bodies import (
@@ -155,9 +157,19 @@ def build(
     return search_body(kept, selects)
 
 
+# The metadata fields of the records below, declared releasable so that whole
+# records go out; without a declaration each metadata object is emptied.
+RELEASABLE = ["chunk", "group", "tags", "n", "ok", "f"]
+
+
+def chroma(**options: Any) -> ChromaFormat:
+    """The adapter with the test records' metadata fields releasable."""
+    return ChromaFormat(releasable_fields=RELEASABLE, **options)
+
+
 def parse(endpoint: str, body: Body | bytes, fmt: ChromaFormat | None = None) -> ParsedBody:
     raw = body if isinstance(body, bytes) else encode(body)
-    return (fmt or ChromaFormat()).parse(raw, route(endpoint))
+    return (fmt or chroma()).parse(raw, route(endpoint))
 
 
 ROWS = [
@@ -443,7 +455,7 @@ def test_candidate_from_record_id(
 def test_candidate_from_metadata_id_field(
     metadata: dict[str, Any] | None, chunk_id: str | None, problem: str | None
 ) -> None:
-    fmt = ChromaFormat(id_field="doc_chunk")
+    fmt = chroma(id_field="doc_chunk")
     for endpoint in ENDPOINTS:
         record = {**row("record-9", "text"), "metadata": metadata}
         parsed = parse(endpoint, build(endpoint, [[record]]), fmt)
@@ -529,20 +541,63 @@ def test_render_leaves_null_columns_and_include_alone(endpoint: str) -> None:
     assert out["include"] == ["documents"]
 
 
-def test_render_preserves_unknown_scalars_and_key_order() -> None:
-    body = {"x-first": 1, **get_body(ROWS[:2]), "legacy": None, "note": "kept"}
-    out = ChromaFormat().parse(encode(body), route("get")).render({1})
-    assert out == encode({**body, **get_body(ROWS[1:2])})
-    assert list(orjson.loads(out)) == list(body)
+def test_render_keeps_only_the_routes_own_keys_in_their_order() -> None:
+    # Anything else goes, whatever it holds: a newer server's key, another
+    # route's column, a string, an object.
+    extra = {
+        "note": "SECRET",
+        "stats": {"SECRET": 1},
+        "future": ["SECRET", "SECRET"],
+        "distances": [0.1, 0.2],  # query's column, not get's
+        "scores": [0.1, 0.2],
+        "included": ["documents"],
+    }
+    body = {"x-first": 1, **get_body(ROWS[:2]), **extra}
+    out = parse("get", body).render({1})
+    assert out == encode(get_body(ROWS[1:2]))
+    assert b"SECRET" not in parse("get", body).render({0, 1})
 
 
-def test_legacy_python_server_body_with_included_and_data() -> None:
-    # The Python server writes the client's QueryResult: "data" and "included".
+@pytest.mark.parametrize(
+    ("endpoint", "foreign"),
+    [("query", "scores"), ("search", "distances"), ("search", "uris"), ("search", "include")],
+)
+def test_columns_of_other_routes_are_dropped_unread(endpoint: str, foreign: str) -> None:
+    body = {**build(endpoint, batches_for(endpoint)), foreign: [["SECRET"]]}
+    out = orjson.loads(parse(endpoint, body).render(range(6)))
+    assert out == build(endpoint, batches_for(endpoint))
+
+
+def test_key_order_is_kept() -> None:
+    body = query_body([ROWS[:2]])
+    reordered = {key: body[key] for key in reversed(body)}
+    out = parse("query", reordered).render({0})
+    assert list(orjson.loads(out)) == list(reordered)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "key", "value"),
+    [
+        ("get", "include", "documents"),
+        ("get", "include", [1]),
+        ("query", "include", {"documents": True}),
+        ("search", "select", ["#document"]),
+        ("search", "select", [[None]]),
+    ],
+)
+def test_malformed_include_or_select(endpoint: str, key: str, value: Any) -> None:
+    body = {**build(endpoint, batches_for(endpoint)), key: value}
+    with pytest.raises(MalformedBody, match=key):
+        parse(endpoint, body)
+
+
+def test_legacy_python_server_body_with_data() -> None:
+    # The Python server writes the client's QueryResult: "data" is a column,
+    # "included" (its copy of include) is not a key of the v2 response.
     body = {**query_body([ROWS[:3]]), "data": None, "included": ["documents"]}
-    del body["include"]
     out = orjson.loads(parse("query", body).render({0, 2}))
     assert out["ids"] == [["c-1", "c-3"]] and out["data"] is None
-    assert out["included"] == ["documents"]
+    assert "included" not in out
     body["data"] = [["d1", "d2", "d3"]]
     assert orjson.loads(parse("query", body).render({1}))["data"] == [["d2"]]
 
@@ -565,13 +620,41 @@ def test_released_positions(endpoint: str) -> None:
     assert parsed.released_positions(set(), ()) == []
 
 
-@pytest.mark.parametrize("limits", [[3], (None,), (1, 2)])
-def test_limits_are_refused(limits: Sequence[int | None]) -> None:
-    parsed = parse("query", build("query", batches_for("query")))
-    with pytest.raises(MalformedBody):
+@pytest.mark.parametrize(
+    ("endpoint", "limits"),
+    [("query", (1, 2)), ("get", (None, None)), ("search", (1,)), ("search", (1, 2, 3, 4))],
+)
+def test_limits_must_match_the_sub_results(endpoint: str, limits: Sequence[int | None]) -> None:
+    # One for query (it holds for every query embedding) and get; one per search.
+    parsed = parse(endpoint, build(endpoint, batches_for(endpoint)))
+    with pytest.raises(MalformedBody, match="sub-results"):
         parsed.render(range(6), limits)
-    with pytest.raises(MalformedBody):
+    with pytest.raises(MalformedBody, match="sub-results"):
         parsed.released_positions(range(6), limits)
+
+
+def test_query_limit_trims_the_list_of_every_query_embedding() -> None:
+    batches = batches_for("query")
+    parsed = parse("query", build("query", batches))
+    out = validate("query", parsed.render({0, 1, 2, 4, 5}, [2]))
+    assert out == build("query", batches, {0, 1, 4, 5})
+    assert parsed.released_positions({0, 1, 2, 4, 5}, [2]) == [0, 1, 4, 5]
+    # Rejected hits do not count: the limit takes the next kept ones.
+    assert parsed.released_positions({1, 2, 3, 4, 5}, [1]) == [1, 3]
+
+
+def test_search_limits_trim_each_search() -> None:
+    batches = batches_for("search")
+    parsed = parse("search", build("search", batches))
+    out = validate("search", parsed.render(range(6), [1, None, 2]))
+    assert out == build("search", batches, {0, 3, 4})
+    assert parsed.released_positions(range(6), (None, 0, 0)) == [0, 1, 2]
+
+
+def test_get_limit() -> None:
+    parsed = parse("get", build("get", batches_for("get")))
+    assert parsed.released_positions({1, 3, 4, 5}, [2]) == [1, 3]
+    assert orjson.loads(parsed.render({1, 3, 4, 5}, [2]))["ids"] == ["c-2", "c-4"]
 
 
 @pytest.mark.parametrize("limits", [None, ()])
@@ -594,7 +677,8 @@ def test_replacement_takes_id_and_document_and_marks_metadata(endpoint: str) -> 
         **ROWS[4],
         "id": "c-5b",
         "document": "epsilon v2",
-        "metadata": {**ROWS[4]["metadata"], SUBSTITUTED_FOR: "c-5"},
+        # The declared fields described the replaced document: only the marker stays.
+        "metadata": {SUBSTITUTED_FOR: "c-5"},
     }
     substituted = [[new if r is ROWS[4] else r for r in batch] for batch in batches]
     assert out == build(endpoint, substituted, {1, 2, 4})
@@ -618,12 +702,12 @@ def test_replacement_without_metadatas_leaves_them_null() -> None:
 
 def test_replacement_with_id_field_rewrites_the_metadata_field_not_the_record_id() -> None:
     records = [row("r-1", "old", doc_chunk="sop-1"), row("r-2", "other", doc_chunk="sop-2")]
-    fmt = ChromaFormat(id_field="doc_chunk")
+    fmt = chroma(id_field="doc_chunk")
     parsed = parse("query", query_body([records]), fmt)
     out = validate("query", parsed.render({0}, replacements={0: Replacement("sop-1b", "new")}))
     assert out["ids"] == [["r-1"]]
     assert out["documents"] == [["new"]]
-    assert out["metadatas"] == [[{"chunk": "r-1", "doc_chunk": "sop-1b", SUBSTITUTED_FOR: "sop-1"}]]
+    assert out["metadatas"] == [[{"doc_chunk": "sop-1b", SUBSTITUTED_FOR: "sop-1"}]]
 
 
 def test_replacement_of_a_hit_that_is_not_kept_is_ignored() -> None:
@@ -668,16 +752,12 @@ def _get(**columns: Any) -> bytes:
         ("query", _query(distances=[[0.1]])),
         ("query", _query(embeddings=[[[0.1]], [[0.2]]])),
         ("query", _query(uris=[["u", "v", "w"]])),
-        ("query", _query(scores=[[1]])),
         ("query", _query(data=[["SECRET"]])),
-        ("query", _query(unknown_column=[["SECRET", "SECRET"]])),
-        ("query", _query(stats={"SECRET": 1})),
         ("get", b'{"ids": {"SECRET": 1}}'),
         ("get", _get(documents=["SECRET"])),
         ("get", _get(documents=[None])),
         ("get", _get(metadatas=[{"k": 1}, 5])),
         ("get", _get(embeddings={"SECRET": 1})),
-        ("get", _get(future=["SECRET", "SECRET"])),
         ("search", b'{"ids": ["a"]}'),
         ("search", orjson.dumps({"ids": [["a"]], "documents": [None, None], "select": [[]]})),
         ("search", orjson.dumps({"ids": [["a"]], "metadatas": [["SECRET"]], "select": [[]]})),
@@ -701,6 +781,133 @@ def test_empty_results_are_valid(endpoint: str) -> None:
     assert validate(endpoint, parsed.render(set())) == body
     no_queries = parse(endpoint, build(endpoint, [] if endpoint != "get" else [[]]))
     assert no_queries.candidates == ()
+
+
+# -- metadata: what goes out of it -----------------------------------------------
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_without_declared_fields_metadata_goes_out_empty(endpoint: str) -> None:
+    body = build(endpoint, batches_for(endpoint))
+    out = orjson.loads(parse(endpoint, body, ChromaFormat()).render(range(6)))
+    empty = [{**r, "metadata": {}} for r in ROWS]
+    assert out == build(endpoint, batches_for(endpoint, empty))
+
+
+def test_null_metadata_stays_null() -> None:
+    record = {**row("c-1", "t"), "metadata": None}
+    out = orjson.loads(parse("get", get_body([record]), ChromaFormat()).render({0}))
+    assert out["metadatas"] == [None]
+
+
+def test_id_field_and_marker_go_out_undeclared() -> None:
+    records = [row("r-1", "old", doc_chunk="sop-1", secret="SECRET")]
+    parsed = parse("get", get_body(records), ChromaFormat(id_field="doc_chunk"))
+    out = orjson.loads(parsed.render({0}, replacements={0: Replacement("sop-2", "new")}))
+    assert out["metadatas"] == [{"doc_chunk": "sop-2", SUBSTITUTED_FOR: "sop-1"}]
+
+
+def test_a_substitute_loses_the_declared_metadata_fields() -> None:
+    records = [row("r-1", "old", doc_chunk="sop-1", title="T", source={"url": "u"})]
+    fmt = ChromaFormat(id_field="doc_chunk", hashed_fields=["title"], releasable_fields=["source"])
+    parsed = parse("get", get_body(records), fmt)
+    assert orjson.loads(parsed.render({0}))["metadatas"] == [
+        {"doc_chunk": "sop-1", "title": "T", "source": {"url": "u"}}
+    ]
+    out = orjson.loads(parsed.render({0}, replacements={0: Replacement("sop-2", "new")}))
+    assert out["metadatas"] == [{"doc_chunk": "sop-2", SUBSTITUTED_FOR: "sop-1"}]
+
+
+def test_releasable_dotted_paths_keep_their_nesting() -> None:
+    record = row("c-1", "t", source={"url": "u", "owner": "SECRET"}, page=3)
+    fmt = ChromaFormat(releasable_fields=["source.url", "page", "absent.field"])
+    out = orjson.loads(parse("get", get_body([record]), fmt).render({0}))
+    assert out["metadatas"] == [{"source": {"url": "u"}, "page": 3}]
+
+
+def test_hashed_fields_reach_the_candidate_and_go_out() -> None:
+    records = [row("c-1", "t", title="T1", secret="SECRET"), row("c-2", "u")]
+    fmt = ChromaFormat(hashed_fields=["title"])
+    for endpoint in ENDPOINTS:
+        parsed = parse(endpoint, build(endpoint, [records]), fmt)
+        first, second = parsed.candidates
+        assert first.fields == canonical_fields({"title": "T1"}), endpoint
+        assert second.fields == canonical_fields({}), endpoint
+        out = orjson.loads(parsed.render({0, 1}))
+        metadatas = out["metadatas"] if endpoint == "get" else out["metadatas"][0]
+        assert metadatas == [{"title": "T1"}, {}], endpoint
+
+
+def test_hashed_fields_without_a_canonical_form_make_the_record_unusable() -> None:
+    # Two keys that are one once in canonical (NFC) form.
+    record = row("c-1", "t", title={"e\u0301": 1, "\u00e9": 2})
+    (candidate,) = parse(
+        "get", get_body([record]), ChromaFormat(hashed_fields=["title"])
+    ).candidates
+    assert candidate.text is None and candidate.fields is None
+    assert candidate.problem == "hashed fields have no canonical form"
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"hashed_fields": "title"}, {"releasable_fields": ["a..b"]}, {"hashed_fields": [1]}],
+)
+def test_invalid_field_options(options: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="_fields"):
+        ChromaFormat(**options)
+
+
+# -- collections named in paths ----------------------------------------------------
+
+_ID, _NAME = "id", "name"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "named"),
+    [
+        ("POST", f"{COLL}/query", [(_ID, COLLECTION_ID)]),
+        ("POST", f"{COLL}/get", [(_ID, COLLECTION_ID)]),
+        ("GET", f"{COLL}/count", [(_ID, COLLECTION_ID)]),
+        ("POST", f"{COLL}/add", [(_ID, COLLECTION_ID)]),
+        ("GET", f"{COLL}/functions/fn", [(_ID, COLLECTION_ID)]),
+        ("PUT", COLL, [(_ID, COLLECTION_ID)]),
+        ("GET", f"{DB}/collections/docs", [(_NAME, "docs")]),
+        ("HEAD", f"{DB}/collections/docs", [(_NAME, "docs")]),
+        ("DELETE", f"{DB}/collections/docs", [(_NAME, "docs")]),
+        # A collection may be named like another one's id: a name all the same.
+        ("GET", COLL, [(_NAME, COLLECTION_ID)]),
+        ("OPTIONS", COLL, [(_ID, COLLECTION_ID), (_NAME, COLLECTION_ID)]),
+        ("GET", f"{DB}/collections/by-id/{COLLECTION_ID}", [(_ID, COLLECTION_ID)]),
+        # "by-id" is a name where a path goes on past it.
+        ("POST", f"{DB}/collections/by-id/get", [(_ID, "by-id")]),
+        ("GET", f"{DB}/collections", []),
+        ("GET", f"{DB}/collections_count", []),
+        ("GET", f"{V2}/heartbeat", []),
+        ("POST", f"{DB}/collections//query", []),
+        ("POST", f"/api/v1/collections/{COLLECTION_ID}/query", []),
+        ("POST", "/collections/docs/points/search", []),
+    ],
+)
+def test_path_collections(method: str, path: str, named: list[tuple[str, str]]) -> None:
+    found = ChromaFormat().path_collections(Route(method, path))
+    expected_scope = ("default_tenant", "default_database")
+    assert [(c.kind, c.value) for c in found] == named
+    assert all((c.tenant, c.database) == expected_scope for c in found)
+
+
+def test_path_collections_of_a_crn() -> None:
+    found = ChromaFormat().path_collections(Route("GET", f"{V2}/collections/acme:prod:docs"))
+    assert found == (PathCollection("name", "docs", "acme", "prod"),)
+    found = ChromaFormat().path_collections(Route("GET", f"{V2}/collections/docs"))
+    assert found == (PathCollection("name", "docs", None, None),)
+
+
+@pytest.mark.parametrize(("method", "path"), [*FILTERED, *READ, *WRITE, *CONTENT, *OTHERS])
+def test_the_rewriter_reads_exactly_the_filtered_routes(method: str, path: str) -> None:
+    fmt = ChromaFormat()
+    filtered = fmt.route_kind(Route(method, path)) is RouteKind.FILTERED
+    assert fmt.rewrites_request(Route(method, path)) is filtered
+    assert (collection_endpoint(Route(method, path)) is not None) is filtered
 
 
 # -- properties (the shared ones are in tests/test_format_contract.py) ----------
@@ -744,6 +951,21 @@ def _batches(draw: st.DrawFn, endpoint: str) -> list[list[Row]]:
     return batches
 
 
+def _released(batches: Sequence[Sequence[Row]]) -> list[list[Row]]:
+    """The records as they go out of ``ChromaFormat(releasable_fields=["chunk"])``:
+    of the metadata only ``chunk`` and the marker."""
+    kept = ("chunk", SUBSTITUTED_FOR)
+
+    def metadata(record: Row) -> Any:
+        value = record["metadata"]
+        return None if value is None else {k: v for k, v in value.items() if k in kept}
+
+    return [[{**r, "metadata": metadata(r)} for r in batch] for batch in batches]
+
+
+_CHUNK_ONLY = ChromaFormat(releasable_fields=["chunk"])
+
+
 def _layout(data: st.DataObject, batches: list[list[Row]]) -> tuple[list[str], list[list[str]]]:
     include = data.draw(st.lists(st.sampled_from(ALL_INCLUDE), unique=True))
     selects = [
@@ -762,24 +984,24 @@ def test_property_every_include_and_select_stays_aligned(
     batches = data.draw(_batches(endpoint))
     include, selects = _layout(data, batches)
     body = build(endpoint, batches, include=include, selects=selects)
-    parsed = parse(endpoint, body)
+    parsed = parse(endpoint, body, _CHUNK_ONLY)
     hits = [r for batch in batches for r in batch]
     assert [c.chunk_id for c in parsed.candidates] == [r["id"] for r in hits]
     keep = data.draw(st.sets(st.integers(min_value=-1, max_value=len(hits))))
     out = validate(endpoint, parsed.render(keep))
-    assert out == build(endpoint, batches, keep, include=include, selects=selects)
+    assert out == build(endpoint, _released(batches), keep, include=include, selects=selects)
     assert parsed.released_positions(keep) == sorted(k for k in keep if 0 <= k < len(hits))
 
 
 @PROPERTIES
 @given(endpoint=st.sampled_from(ENDPOINTS), data=st.data())
-def test_property_replacements_change_only_id_document_and_metadata_marker(
+def test_property_replacements_take_id_and_document_and_only_the_marker_in_metadata(
     endpoint: str, data: st.DataObject
 ) -> None:
     """Substitutes in records with null metadata or documents, checked by the client."""
     batches = data.draw(_batches(endpoint))
     body = build(endpoint, batches)
-    parsed = parse(endpoint, body)
+    parsed = parse(endpoint, body, _CHUNK_ONLY)
     positions = range(len(parsed.candidates))
     keep = data.draw(st.sets(st.sampled_from(positions))) if positions else set()
     replaced = data.draw(st.sets(st.sampled_from(sorted(keep)))) if keep else set()
@@ -792,7 +1014,7 @@ def test_property_replacements_change_only_id_document_and_metadata_marker(
         expected.append([])
         for record in batch:
             if position in replacements:
-                metadata = {**(record["metadata"] or {}), SUBSTITUTED_FOR: record["id"]}
+                metadata = {SUBSTITUTED_FOR: record["id"]}
                 record = {
                     **record,
                     "id": f"new-{position}",
@@ -801,4 +1023,4 @@ def test_property_replacements_change_only_id_document_and_metadata_marker(
                 }
             expected[-1].append(record)
             position += 1
-    assert out == build(endpoint, expected, keep)
+    assert out == build(endpoint, _released(expected), keep)

@@ -18,7 +18,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.core.hits import Replacement, Route
-from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody, RequestRewriter
+from sidecar.formats.base import (
+    SUBSTITUTED_FOR,
+    AbsentAnswer,
+    MalformedBody,
+    ParsedBody,
+    RequestRewriter,
+)
 from sidecar.formats.hits import Hits
 from tests.fixtures import (
     chroma_bodies,
@@ -228,7 +234,13 @@ def _check_parses_or_is_malformed(
     count = len(parsed.candidates)
     for keep in (set(range(count)), set(), data.draw(_some(count))):
         replacements = _replacements(parsed, keep, data)
-        out = parsed.render(keep, replacements=replacements)
+        try:
+            out = parsed.render(keep, replacements=replacements)
+        except AbsentAnswer:
+            # The database's own "not found" for a route that asks for one hit:
+            # only when that hit is not kept.
+            assert count == 1 and not keep
+            continue
         released = parsed.released_positions(keep)
         if case.releases_all_kept:
             assert released == sorted(keep)

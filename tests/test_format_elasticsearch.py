@@ -46,9 +46,9 @@ from opensearchpy.helpers.search import MultiSearch as OpenSearchMultiSearch
 from opensearchpy.helpers.search import Search as OpenSearchSearch
 
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
-from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
+from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, NamesCollections, ParsedBody
 from sidecar.formats.elasticsearch import ElasticsearchFormat
-from sidecar.formats.elasticsearch_routes import RULES, endpoint
+from sidecar.formats.elasticsearch_routes import RULES, endpoint, index_expression, index_names
 from tests.fixtures.elasticsearch_bodies import (
     AGGREGATIONS,
     INDEX,
@@ -82,6 +82,12 @@ HITS = [
     hit("c", "gamma", score=1.25, tags=["x", "y"]),
     hit("d", "delta", score=0.5, nested={"k": [1, None]}),
 ]
+
+
+def _released(item: Hit) -> Hit:
+    """``item`` as the default format releases it: of its ``_source``, only the text."""
+    source = item["_source"]
+    return {**item, "_source": {k: v for k, v in source.items() if k == "text"}}
 
 
 def _route(name: str) -> Route:
@@ -745,6 +751,123 @@ def test_no_client_endpoint_that_returns_documents_is_a_read() -> None:
             assert fmt.route_kind(Route(method, path)) is CONTENT, path
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/docs/_doc/1",  # existence and size of a document
+        "/docs/_source/1",
+        "/docs/_search",  # the unfiltered body's length
+        "/_search",
+        "/docs/_msearch",
+        "/_search/scroll/c2Nyb2xs",
+        "/docs/_knn_search",
+        "/docs/_count",
+        "/docs/_termvectors/1",
+    ],
+)
+def test_a_head_request_probes_a_get_that_returns_chunks(path: str) -> None:
+    """The request path refuses HEAD where GET returns chunks (filtered or content):
+    the adapter must say so of GET, whatever it answers for HEAD itself."""
+    fmt = ElasticsearchFormat()
+    assert fmt.route_kind(Route("GET", path)) in (FILTERED, CONTENT)
+    assert fmt.route_kind(Route("HEAD", path)) is READ
+
+
+def test_every_client_head_endpoint_is_a_probe_of_content_or_harmless() -> None:
+    """HEAD endpoints of the clients: document existence probes GET content; the rest
+    (alias and template existence, the root) are reads, and an index's existence is
+    claimed by no format (refused unless the policy allows unknown routes)."""
+    fmt = ElasticsearchFormat()
+    kinds = {
+        path: fmt.route_kind(Route("GET", path))
+        for method, path in CLIENT_ENDPOINTS
+        if method == "HEAD"
+    }
+    assert kinds == {
+        "/": READ,
+        "/_alias/p": READ,
+        "/_component_template/p": READ,
+        "/_index_template/p": READ,
+        "/_template/p": READ,
+        "/p": None,
+        "/p/_alias/p": READ,
+        "/p/_doc/p": CONTENT,
+        "/p/_source/p": CONTENT,
+    }
+
+
+# -- index expressions ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "names"),
+    [
+        ("/docs/_search", ["docs"]),
+        ("/docs", ["docs"]),
+        ("/docs/_doc/1", ["docs"]),
+        ("/docs/doc/1", ["docs"]),  # a typed path: the index is first all the same
+        ("/docs,logs-*/_search", ["docs", "logs-*"]),
+        ("/docs,docs/_search", ["docs"]),
+        ("/_all/_search", ["*"]),
+        ("/_all", ["*"]),
+        ("/*/_search", ["*"]),
+        ("/docs,_all/_search", ["docs", "*"]),
+        ("/logs-*,-logs-old/_search", ["logs-*"]),  # exclusions only narrow
+        ("/-logs-old/_search", ["*"]),
+        ("/remote:docs/_search", ["remote:docs"]),
+        ("/*:docs,docs/_search", ["*:docs", "docs"]),
+        ("/remote:_all/_search", ["remote:*"]),
+        ("/docs::failures/_search", ["docs"]),
+        ("/+docs/_search", ["docs"]),
+        ("/<logs-{now}>/_search", ["logs-*"]),
+        ("/_search", ["*"]),  # every index
+        ("/_search/template", ["*"]),
+        ("/_count", ["*"]),
+        ("/_mapping", ["*"]),
+        ("/_mget", ["*"]),  # documents name their index in the body
+        ("/_sql", ["*"]),  # the query names its indices
+        ("/_application/search_application/app/_search", ["*"]),
+        ("/_cat/count/docs,logs", ["docs", "logs"]),
+        ("/_cat/indices", ["*"]),
+        ("/_resolve/index/docs*", ["docs*"]),
+        ("/_msearch", None),  # the header lines name the indices
+        ("/_msearch/template", None),
+        ("/_fleet/_fleet_msearch", None),
+        ("/_search/scroll", None),  # continues a search already checked
+        ("/_search/scroll/c2Nyb2xs", None),
+        ("/_pit", None),
+        ("/_cluster/health", None),
+        ("/_cat/health", None),
+        ("/", None),
+        ("", None),
+    ],
+)
+def test_index_expression(path: str, names: list[str] | None) -> None:
+    assert index_expression(Route("GET", path)) == names
+    assert ElasticsearchFormat().route_collections(Route("POST", path)) == names
+    assert isinstance(ElasticsearchFormat(), NamesCollections)
+
+
+@pytest.mark.parametrize(
+    ("expression", "names"),
+    [
+        ("<logs-{now/d}>", ["logs-*"]),
+        ("<logs-{now/d{yyyy.MM.dd|+12:00}}>", ["logs-*"]),  # a time zone holds ":"
+        ("remote:<logs-{now/M}-x>", ["remote:logs-*-x"]),
+        ("<logs-\\{literal\\}-{now}>", ["logs-{literal}-*"]),
+        ("<logs-{now>", ["*"]),  # unbalanced: every name
+        ("<logs-}now>", ["*"]),
+        ("<logs-{now}\\>", ["*"]),
+        ("<plain>", ["plain"]),
+        ("", ["*"]),
+        (",", ["*"]),
+        ("a,,b", ["a", "b"]),
+    ],
+)
+def test_index_names(expression: str, names: list[str]) -> None:
+    assert index_names(expression) == names
+
+
 # -- candidates ---------------------------------------------------------------
 
 
@@ -843,18 +966,19 @@ def test_render_keeps_exactly_the_kept_hits(name: str, keep: set[int]) -> None:
     shape = _shape(name)
     batches = [HITS] if shape == "single" else [HITS[:1], HITS[1:]]
     out = _render(body_for(shape, batches), keep, name)
-    kept = [[h for i, h in enumerate(HITS) if i in keep]]
+    kept = [[_released(h) for i, h in enumerate(HITS) if i in keep]]
     if shape == "multi":
         kept = [
             kept[0][: 1 if 0 in keep else 0],
-            [h for i, h in enumerate(HITS) if i in keep and i],
+            [_released(h) for i, h in enumerate(HITS) if i in keep and i],
         ]
     assert out == body_for(shape, kept, relation="eq")
 
 
-def test_render_all_is_the_original_body_without_side_structures() -> None:
+def test_render_all_is_the_original_body_when_it_holds_only_what_is_released() -> None:
+    hits = [_released(h) for h in HITS]
     for name in ROUTES:
-        body = body_for(_shape(name), [HITS[:2], HITS[2:]])
+        body = body_for(_shape(name), [hits[:2], hits[2:]])
         assert _render(body, range(4), name) == body
 
 
@@ -863,29 +987,42 @@ def test_render_all_is_the_original_body_without_side_structures() -> None:
     [
         ({}, {"value": 2, "relation": "eq"}),  # every match returned
         ({"total": 4}, {"value": 2, "relation": "eq"}),
-        ({"total": 10}, {"value": 2, "relation": "gte"}),  # more matched than returned
-        ({"total": 10000, "relation": "gte"}, {"value": 2, "relation": "gte"}),
-        ({"total": 4, "relation": "gte"}, {"value": 2, "relation": "gte"}),
+        # More matched than returned (of any tenant): the caller learns only what it got.
+        ({"total": 10}, {"value": 2, "relation": "eq"}),
+        ({"total": 10000, "relation": "gte"}, {"value": 2, "relation": "eq"}),
+        ({"total": 4, "relation": "gte"}, {"value": 2, "relation": "eq"}),
         ({"total_as_int": True}, 2),
         ({"total": 10, "total_as_int": True}, 2),
     ],
 )
-def test_total_is_recomputed(upstream: dict[str, Any], expected: Any) -> None:
+def test_total_counts_the_released_hits(upstream: dict[str, Any], expected: Any) -> None:
     out = _render(search_body(HITS, **upstream), {1, 3})
     assert out["hits"]["total"] == expected
+
+
+@pytest.mark.parametrize("total", [0, 1, 10_000])
+@pytest.mark.parametrize("relation", ["eq", "gte"])
+def test_a_size_0_search_says_nothing_about_other_matches(total: int, relation: str) -> None:
+    # The match oracle of issue 11: size 0, and eq or gte depending on whether
+    # any document of any tenant matched. The answer is the same for every upstream.
+    body = search_body([], total=total, relation=relation)
+    body["terminated_early"] = total > 0
+    body["_shards"]["skipped"] = 1 if total == 0 else 0
+    out = _render(body, set())
+    assert out == search_body([], total=0, relation="eq")
 
 
 def test_total_absent_stays_absent() -> None:
     out = _render(search_body(HITS, track_total=False), {1})
     assert "total" not in out["hits"]
-    assert out["hits"]["hits"] == [HITS[1]]
+    assert out["hits"]["hits"] == [_released(HITS[1])]
 
 
 def test_total_can_be_removed() -> None:
     fmt = ElasticsearchFormat(total="remove")
     for upstream in ({}, {"total_as_int": True}, {"total": 9, "relation": "gte"}):
         out = _render(search_body(HITS, **upstream), {0}, fmt=fmt)
-        assert out["hits"] == {"max_score": 3.5, "hits": [HITS[0]]}
+        assert out["hits"] == {"max_score": 3.5, "hits": [_released(HITS[0])]}
 
 
 @pytest.mark.parametrize(
@@ -961,17 +1098,16 @@ def test_side_structures_are_removed_by_default() -> None:
         "pit_id",
         "_clusters",
         "num_reduce_phases",
-        "terminated_early",
-        "phase_took",
     ]
-    for key in ("_scroll_id", "pit_id", "_clusters", "num_reduce_phases", "phase_took", "_shards"):
+    # terminated_early and phase_took describe the search over every document.
+    for key in ("_scroll_id", "pit_id", "_clusters", "num_reduce_phases", "_shards"):
         assert out[key] == body[key]
     first, second = out["hits"]["hits"]
-    # inner_hits may be other documents; the hit's own highlight stays.
-    assert "inner_hits" not in first
-    assert first == {k: v for k, v in body["hits"]["hits"][0].items() if k != "inner_hits"}
-    assert second == body["hits"]["hits"][1]
-    assert out["hits"]["total"] == {"value": 2, "relation": "gte"}
+    # inner_hits may be other documents; the hit's own highlight of the text stays.
+    assert first == _released(HITS[0]) | {"highlight": {"text": ["<em>alpha</em>"]}}
+    # An explanation's statistics count every tenant's documents.
+    assert second == _released(HITS[1]) | {"matched_queries": ["q1"]}
+    assert out["hits"]["total"] == {"value": 2, "relation": "eq"}
 
 
 def test_side_structures_are_kept_when_asked() -> None:
@@ -980,9 +1116,9 @@ def test_side_structures_are_kept_when_asked() -> None:
     out = _render(body, {0}, fmt=fmt)
     assert out["aggregations"] == AGGREGATIONS
     assert out["suggest"] == SUGGEST
-    assert out["hits"]["hits"] == [body["hits"]["hits"][0]]
+    assert out["hits"]["hits"] == [_released(body["hits"]["hits"][0])]
     # Profiles, pipeline output and unknown keys go whatever the options.
-    assert not {"profile", "ext", "fields", "x-future"} & set(out)
+    assert not {"profile", "ext", "fields", "x-future", "phase_took"} & set(out)
 
 
 def test_each_option_is_independent() -> None:
@@ -993,29 +1129,127 @@ def test_each_option_is_independent() -> None:
     assert "inner_hits" not in out["hits"]["hits"][0]
 
 
-def test_lookup_shaped_fields_are_removed_from_kept_hits() -> None:
+def test_fields_keep_only_released_source_paths_without_lookup_shapes() -> None:
     item = hit("a", "alpha")
     item["fields"] = {
         "text": ["alpha"],
-        "day_of_week": ["Monday"],
+        "text.keyword": ["alpha"],
+        "title": ["A title"],
+        "metadata.source": ["s3://bucket/a"],
+        "metadata.page": [3],
+        "metadata_other": ["not under metadata"],
+        "secret": ["unreleased"],
         "location": [{"type": "Point", "coordinates": [13.4, 52.5]}],
-        "price_range": [{"gte": 1, "lte": 5}],
+        # A lookup runtime field (objects of value lists) copies another index's fields.
         "author": [{"name": ["from another index"], "email": ["x@example.com"]}],
     }
-    out = _render(search_body([item]), {0})
+    fmt = ElasticsearchFormat(
+        hashed_fields=["title"], releasable_fields=["metadata", "location", "author"]
+    )
+    out = _render(search_body([item]), {0}, fmt=fmt)
     assert out["hits"]["hits"][0]["fields"] == {
         "text": ["alpha"],
-        "day_of_week": ["Monday"],
+        "text.keyword": ["alpha"],
+        "title": ["A title"],
+        "metadata.source": ["s3://bucket/a"],
+        "metadata.page": [3],
         "location": [{"type": "Point", "coordinates": [13.4, 52.5]}],
-        "price_range": [{"gte": 1, "lte": 5}],
     }
+
+
+def test_fields_left_empty_are_removed() -> None:
+    item = hit("a", "alpha")
+    item["fields"] = {"secret": ["unreleased"]}
+    assert _render(search_body([item]), {0})["hits"]["hits"] == [hit("a", "alpha")]
+
+
+def test_fields_of_the_id_field_are_released() -> None:
+    item = {"_index": INDEX, "_id": "x", "_score": 1.0, "_source": {"chunk": "c", "text": "t"}}
+    item["fields"] = {"chunk": ["c"], "other": [1]}
+    out = _render(search_body([item]), {0}, fmt=ElasticsearchFormat(id_field="chunk"))
+    assert out["hits"]["hits"][0]["fields"] == {"chunk": ["c"]}
+
+
+@pytest.mark.parametrize(
+    ("highlight", "expected"),
+    [
+        ({"text": ["<em>alpha</em>"], "title": ["<em>other</em> field"]}, ["<em>alpha</em>"]),
+        ({"text.english": ["<em>alpha</em>"]}, None),  # a sub-field: not the text checked
+        ({"title": ["<em>other</em>"]}, None),
+        ({"text": "not a list"}, None),
+        ({"text": [1]}, None),
+        ("not an object", None),
+    ],
+)
+def test_highlight_keeps_only_the_text_fields_fragments(highlight: Any, expected: Any) -> None:
+    item = hit("a", "alpha")
+    item["highlight"] = highlight
+    parsed = _parse(search_body([item]))
+    (out,) = orjson.loads(parsed.render({0}))["hits"]["hits"]
+    assert out.get("highlight") == (None if expected is None else {"text": expected})
+
+
+def test_hits_keep_only_elasticsearchs_own_keys() -> None:
+    own = {
+        "_index": INDEX,
+        "_id": "a",
+        "_score": 1.0,
+        "_source": {"text": "alpha"},
+        "_routing": "acme",
+        "_version": 3,
+        "_seq_no": 7,
+        "_primary_term": 1,
+        "sort": [1.0, "a"],
+        "matched_queries": {"q1": 1.0},
+        "_nested": {"field": "chunks", "offset": 0},
+        "_shard": "[docs][0]",
+        "_node": "n1",
+        "_ignored": ["title.keyword"],
+        "_rank": 1,
+        "_type": "_doc",
+    }
+    other = {
+        "_explanation": {"value": 1.0, "description": "idf, docFreq=12", "details": []},
+        "_ignored_field_values": {"secret": ["x"]},
+        "x-future": {"anything": True},
+    }
+    out = _render(search_body([own | other]), {0})
+    assert out["hits"]["hits"] == [own]
+
+
+def test_source_keeps_only_the_text_id_and_declared_fields() -> None:
+    source = {
+        "text": "alpha",
+        "chunk": "c-1",
+        "title": "T",
+        "metadata": {"source": "s3://a", "page": 2, "owner": "x"},
+        "secret": "s",
+    }
+    item = {"_index": INDEX, "_id": "x", "_score": 1.0, "_source": source}
+    fmt = ElasticsearchFormat(
+        id_field="chunk", hashed_fields=["title"], releasable_fields=["metadata.source"]
+    )
+    (out,) = _render(search_body([item]), {0}, fmt=fmt)["hits"]["hits"]
+    assert out["_source"] == {
+        "text": "alpha",
+        "chunk": "c-1",
+        "title": "T",
+        "metadata": {"source": "s3://a"},
+    }
+
+
+def test_hashed_fields_reach_the_candidate() -> None:
+    item = hit("a", "alpha", title="T", secret="s")
+    fmt = ElasticsearchFormat(hashed_fields=["title"])
+    (candidate,) = _parse(search_body([item]), fmt=fmt).candidates
+    assert candidate.fields == '{"title":"T"}'
 
 
 def test_render_preserves_key_order_and_other_fields() -> None:
     body = {
         "_shards": {"total": 1, "successful": 1, "skipped": 0, "failed": 0},
         "hits": {
-            "hits": [HITS[0], HITS[1]],
+            "hits": [_released(HITS[0]), _released(HITS[1])],
             "max_score": 3.5,
             "total": {"relation": "eq", "value": 2},
         },
@@ -1026,7 +1260,11 @@ def test_render_preserves_key_order_and_other_fields() -> None:
     assert out == orjson.dumps(
         {
             "_shards": body["_shards"],
-            "hits": {"hits": [HITS[1]], "max_score": 2.0, "total": {"relation": "eq", "value": 1}},
+            "hits": {
+                "hits": [_released(HITS[1])],
+                "max_score": 2.0,
+                "total": {"value": 1, "relation": "eq"},  # rebuilt
+            },
             "timed_out": False,
             "took": 1,
         }
@@ -1052,25 +1290,45 @@ def test_released_positions_are_the_kept_ones() -> None:
     assert parsed.released_positions(set(), None) == []
 
 
-@pytest.mark.parametrize("limits", [(5,), [None], (1, 1)])
-def test_render_refuses_limits(limits: Sequence[int | None]) -> None:
+@pytest.mark.parametrize(
+    ("limits", "expected"), [((2,), [0, 1]), ([None], [0, 1, 3]), ((), [0, 1, 3])]
+)
+def test_render_trims_to_the_apps_limit(limits: Sequence[int | None], expected: list[int]) -> None:
+    # An over-fetched search (the request asked for more than the app did).
     parsed = _parse(search_body(HITS))
-    with pytest.raises(MalformedBody):
+    out = orjson.loads(parsed.render({0, 1, 3}, limits))
+    assert out == search_body([_released(HITS[i]) for i in expected])
+    assert parsed.released_positions({0, 1, 3}, limits) == expected
+
+
+def test_render_trims_each_multi_search_item() -> None:
+    body = msearch_body([msearch_item(HITS[:2]), error_item(), msearch_item(HITS[2:])])
+    parsed = _parse(body, "msearch")
+    assert parsed.released_positions(range(4), (1, None, None)) == [0, 2, 3]
+    assert parsed.released_positions(range(4), (None, 5, 1)) == [0, 1, 2]
+
+
+@pytest.mark.parametrize(("name", "limits"), [("search", (1, 1)), ("msearch", (1,))])
+def test_render_refuses_limits_for_other_sub_results(
+    name: str, limits: Sequence[int | None]
+) -> None:
+    parsed = _parse(body_for(_shape(name), [HITS[:2], HITS[2:]]), name)
+    with pytest.raises(MalformedBody, match="sub-results"):
         parsed.render(range(4), limits)
-    with pytest.raises(MalformedBody):
+    with pytest.raises(MalformedBody, match="sub-results"):
         parsed.released_positions(range(4), limits)
-    assert orjson.loads(parsed.render(range(4), ())) == search_body(HITS)
 
 
 # -- multi-search -----------------------------------------------------------------
 
 
 def _reduced(status: int = 404) -> dict[str, object]:
-    """An error item as the gate sends it on: status and error type, no reason text."""
-    return {"error": {"type": "index_not_found_exception"}, "status": status}
+    """An error item as the gate writes it: the upstream's status and no upstream text."""
+    reason = "the search failed in the database; its error is not released"
+    return {"error": {"type": "retrieval_gate_upstream_error", "reason": reason}, "status": status}
 
 
-def test_multi_search_error_items_keep_only_their_status_and_type() -> None:
+def test_multi_search_error_items_keep_only_their_status() -> None:
     body = msearch_body(
         [error_item(), msearch_item(HITS[:2], total=5), error_item(400), msearch_item(HITS[2:])]
     )
@@ -1080,32 +1338,71 @@ def test_multi_search_error_items_keep_only_their_status_and_type() -> None:
     assert out == msearch_body(
         [
             _reduced(),
-            msearch_item(HITS[1:2], total=1, relation="gte"),
+            msearch_item([_released(HITS[1])]),
             _reduced(400),
-            msearch_item(HITS[3:]),
+            msearch_item([_released(HITS[3])]),
         ]
     )
+    assert b"index_not_found" not in orjson.dumps(out)
 
 
-def test_shard_failure_reasons_are_dropped_and_their_counts_kept() -> None:
-    # A script error on a removed hit can quote its _source in the reason.
+@pytest.mark.parametrize("status", [None, "404", True, 4.5])
+def test_an_error_items_odd_status_becomes_500(status: Any) -> None:
+    item: dict[str, Any] = {"error": {"type": "script_exception", "reason": "quotes a document"}}
+    if status is not None:
+        item["status"] = status
+    out = _render(msearch_body([item]), set(), "msearch")
+    assert out == msearch_body([_reduced(500)])
+
+
+def test_shard_failures_are_dropped_and_skipped_shards_count_as_successful() -> None:
+    # A script error on a removed hit can quote its _source in the reason; a shard the
+    # can-match phase skipped had no document (of any tenant) that could match.
     body = search_body(HITS[:2])
     body["_shards"] = {
-        "total": 2,
-        "successful": 1,
-        "skipped": 0,
+        "total": 4,
+        "successful": 3,
+        "skipped": 2,
         "failed": 1,
         "failures": [{"shard": 0, "reason": {"type": "script_exception", "caused_by": "x"}}],
     }
     out = _render(body, {0})
-    assert out["_shards"] == {"total": 2, "successful": 1, "skipped": 0, "failed": 1}
+    assert out["_shards"] == {"total": 4, "successful": 3, "skipped": 0, "failed": 1}
+
+
+def test_clusters_keep_their_counts_only() -> None:
+    body = search_body(HITS[:1])
+    counts = {"total": 2, "successful": 1, "skipped": 1, "running": 0, "partial": 0, "failed": 0}
+    details = {"remote": {"status": "skipped", "failures": [{"reason": {"type": "x"}}]}}
+    body["_clusters"] = {**counts, "details": details}
+    assert _render(body, {0})["_clusters"] == counts
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("took", "7"),
+        ("took", True),
+        ("timed_out", 0),
+        ("num_reduce_phases", {"n": 2}),
+        ("_scroll_id", ["id"]),
+        ("pit_id", 1),
+        ("_shards", "all"),
+        ("_clusters", ["x"]),
+    ],
+)
+def test_known_keys_of_an_unexpected_type_are_removed(key: str, value: Any) -> None:
+    body = search_body(HITS[:1])
+    body[key] = value
+    out = orjson.loads(_parse(body).render({0}))
+    assert key not in out
 
 
 def test_multi_search_items_lose_their_side_structures() -> None:
     item = {**msearch_item(HITS), "aggregations": AGGREGATIONS, "profile": PROFILE}
     body = {"took": 3, "responses": [item], "x-future": 1}
     out = _render(body, {0}, "msearch")
-    assert out == {"took": 3, "responses": [msearch_item(HITS[:1], total=1)]}
+    assert out == {"took": 3, "responses": [msearch_item([_released(HITS[0])])]}
 
 
 def test_multi_search_keeps_key_order() -> None:
@@ -1126,20 +1423,22 @@ def test_empty_multi_search() -> None:
 def test_replacement_takes_the_hit_id_and_text() -> None:
     items = [dict(h) for h in HITS[:2]]
     items[0]["highlight"] = {"text": ["<em>alpha</em> old revision"]}
-    items[0]["fields"] = {"text": ["alpha"], "year": [2020]}
+    items[0]["fields"] = {"text": ["alpha"], "text.keyword": ["alpha"], "year": [2020]}
     items[0]["sort"] = [3.5, "a"]
-    out = _render(search_body(items), {0, 1}, replacements={0: Replacement("a-v2", "alpha v2")})
+    fmt = ElasticsearchFormat(releasable_fields=["tenant", "year"])
+    out = _render(
+        search_body(items), {0, 1}, fmt=fmt, replacements={0: Replacement("a-v2", "alpha v2")}
+    )
     first = out["hits"]["hits"][0]
     assert first == {
         "_index": INDEX,
         "_id": "a-v2",
         "_score": 3.5,
-        "_source": {"text": "alpha v2", "tenant": "acme", SUBSTITUTED_FOR: "a"},
-        # The highlight and the fields copy quoted the replaced text.
-        "fields": {"year": [2020]},
+        # Declared fields, highlights and fields entries describe the replaced document.
+        "_source": {"text": "alpha v2", SUBSTITUTED_FOR: "a"},
         "sort": [3.5, "a"],
     }
-    assert out["hits"]["hits"][1] == HITS[1]
+    assert out["hits"]["hits"][1] == _released(HITS[1])
 
 
 def test_replacement_with_id_field() -> None:
@@ -1171,7 +1470,7 @@ def test_replacement_in_a_multi_search() -> None:
 
 def test_replacement_for_a_rejected_position_is_ignored() -> None:
     out = _render(search_body(HITS), {1}, replacements={0: Replacement("x", "y")})
-    assert out["hits"]["hits"] == [HITS[1]]
+    assert out["hits"]["hits"] == [_released(HITS[1])]
 
 
 # -- options ----------------------------------------------------------------------
@@ -1287,7 +1586,10 @@ def _hits(draw: st.DrawFn, min_size: int = 0, max_size: int = 6) -> list[Hit]:
     for doc_id in ids:
         source: dict[str, Any] = draw(
             st.dictionaries(
-                st.text(max_size=6).filter(lambda k: k != "text"), json_values, max_size=2
+                # Not the text, nor a keyword of the fixture builder.
+                st.text(max_size=6).filter(lambda k: k not in ("text", "score", "index")),
+                json_values,
+                max_size=2,
             )
         )
         item = hit(doc_id, draw(st.none() | st.text(max_size=12)), score=draw(_scores), **source)
@@ -1311,11 +1613,10 @@ def _totals(draw: st.DrawFn, count: int) -> dict[str, Any]:
     return {"total": total, "relation": draw(st.sampled_from(["eq", "gte"]))}
 
 
-def _expected_total(upstream: dict[str, Any], returned: int, kept: int) -> dict[str, Any]:
+def _expected_total(upstream: dict[str, Any], kept: int) -> dict[str, Any]:
     if upstream.get("track_total") is False or upstream.get("total_as_int"):
         return {**upstream, "total": kept}
-    more = upstream["relation"] == "gte" or upstream["total"] > returned
-    return {"total": kept, "relation": "gte" if more else "eq"}
+    return {"total": kept, "relation": "eq"}
 
 
 @st.composite
@@ -1340,12 +1641,12 @@ def _oracle(body: Body, batches: Sequence[Sequence[Hit] | None], keep: Collectio
     out, position = [], 0
     for source, batch in zip(sources, batches, strict=True):
         if batch is None:
-            out.append({"error": {"type": source["error"]["type"]}, "status": source["status"]})
+            out.append(_reduced(source["status"]))
             continue
-        kept = [h for i, h in enumerate(batch, position) if i in keep]
+        kept = [_released(h) for i, h in enumerate(batch, position) if i in keep]
         position += len(batch)
         upstream = _upstream_total(source["hits"])
-        built = search_body(kept, **_expected_total(upstream, len(batch), len(kept)))
+        built = search_body(kept, **_expected_total(upstream, len(kept)))
         if "status" in source:
             built["status"] = source["status"]
         out.append(built)
@@ -1421,10 +1722,22 @@ def test_property_side_structure_options(
     out = _render(body, keep, fmt=fmt)
     assert ("aggregations" in out) is (aggregations == "keep")
     assert ("suggest" in out) is (suggest == "keep")
-    kept = [h for i, h in enumerate(hits) if i in keep]
+    kept = [_released(h) for i, h in enumerate(hits) if i in keep]
     if inner == "keep":
         assert out["hits"]["hits"] == kept
     else:
         assert out["hits"]["hits"] == [
             {k: v for k, v in h.items() if k != "inner_hits"} for h in kept
         ]
+
+
+@PROPERTIES
+@given(expression=st.text(alphabet="ab*,-:<>{}/\\_+", max_size=12))
+def test_property_index_names_are_single_names(expression: str) -> None:
+    names = index_names(expression)
+    assert names
+    assert len(names) == len(set(names))
+    assert all("," not in name and not name.startswith("-") and name for name in names)
+    # Every item that is not an exclusion is covered by one of the names.
+    items = [i for i in expression.split(",") if i and not i.startswith("-")]
+    assert len(names) <= max(len(items), 1)

@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
+from sidecar.core.integrity import canonical_fields
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
 from sidecar.formats.generic import GenericFormat
 from sidecar.formats.registry import build_format_table
@@ -176,6 +177,11 @@ ROWS: list[Row] = [
 ]
 
 
+# The configurations with every content field of HITS declared releasable.
+INHOUSE_ALL = {**INHOUSE, "releasable_fields": ["content.lang", "content.tags"]}
+BATCHES_ALL = {**BATCHES, "releasable_fields": ["content.lang", "content.tags"]}
+
+
 def _kept(items: Sequence[Any], keep: Collection[int], start: int = 0) -> list[Any]:
     return [item for i, item in enumerate(items, start) if i in keep]
 
@@ -314,6 +320,12 @@ def test_invalid_layouts(options: dict[str, Any], message: str) -> None:
         ({"remove_fields": ["$.total"]}, r"^remove_fields\[0\]: .*overlaps count_fields\[0\]"),
         ({"remove_fields": ["$.total.x"]}, r"^remove_fields\[0\]: .*overlaps count_fields"),
         ({"hits": "$[*]"}, r"^count_fields\[0\]: .*overlaps hits"),
+        ({"keep_fields": "$.took_ms"}, "^keep_fields: expected a list"),
+        ({"keep_fields": ["$.x[*]"]}, r"^keep_fields\[0\]: .*must end with a field name"),
+        ({"keep_fields": ["$.results[*].score"]}, r"^keep_fields\[0\]: .*does not enclose"),
+        ({"keep_fields": ["$.results"]}, r"^keep_fields\[0\]: .*overlaps hits"),
+        ({"keep_fields": ["$.total"]}, r"^keep_fields\[0\]: .*overlaps count_fields\[0\]"),
+        ({"keep_fields": ["$.facets"]}, r"^remove_fields\[0\]: .*overlaps keep_fields\[0\]"),
     ],
 )
 def test_invalid_count_and_remove_fields(changes: dict[str, Any], message: str) -> None:
@@ -389,7 +401,7 @@ def test_candidates_number_hits_in_document_order() -> None:
 
 @pytest.mark.parametrize("keep", [set(), {0}, {1, 3}, {0, 2, 3, 4}, set(range(5)), {4, 9, -1}])
 def test_render_keeps_exactly_the_kept_hits(keep: set[int]) -> None:
-    filtered = _filtered(INHOUSE, inhouse_body(HITS), keep)
+    filtered = _filtered(INHOUSE_ALL, inhouse_body(HITS), keep)
     assert filtered == inhouse_body(_kept(HITS, keep), facets=False)
 
 
@@ -398,14 +410,14 @@ def test_batches_number_through_and_count_per_batch(keep: set[int]) -> None:
     body = batches_body(_halves(HITS))
     parsed = _parse(BATCHES, body)
     assert [c.chunk_id for c in parsed.candidates] == ["1", "b", "3", "d-4", "5"]
-    filtered = _filtered(BATCHES, body, keep)
+    filtered = _filtered(BATCHES_ALL, body, keep)
     assert filtered == batches_body(_halves(HITS, keep), facets=False)
 
 
 def test_empty_batches_and_no_batches() -> None:
     body = batches_body([[], HITS[:2], []])
     assert [c.position for c in _parse(BATCHES, body).candidates] == [0, 1]
-    assert _filtered(BATCHES, body, {1}) == batches_body([[], HITS[1:2], []], facets=False)
+    assert _filtered(BATCHES_ALL, body, {1}) == batches_body([[], HITS[1:2], []], facets=False)
     empty = batches_body([])
     assert _parse(BATCHES, empty).candidates == ()
     assert _filtered(BATCHES, empty, set()) == batches_body([], facets=False)
@@ -432,7 +444,7 @@ def test_null_or_missing_count_is_left_alone() -> None:
     assert "total" not in orjson.loads(_parse(INHOUSE, body).render({0}))
 
 
-def test_remove_fields_are_removed_even_when_every_hit_is_kept() -> None:
+def test_unconfigured_fields_are_left_out_even_when_every_hit_is_kept() -> None:
     body = batches_body(_halves(HITS))
     out = _filtered(BATCHES, body, range(5))
     assert "facets" not in out
@@ -456,12 +468,18 @@ def test_count_fields_of_several_levels_and_names() -> None:
         ],
     }
     out = orjson.loads(_parse(config, body).render({0, 3}))
-    assert out["meta"] == {"total": 2, "x": 1}
-    assert [b["stats"]["n.hits"] for b in out["batches"]] == [1, 1]
+    assert out["meta"] == {"total": 2}
+    assert [b["stats"] for b in out["batches"]] == [{"n.hits": 1}, {"n.hits": 1}]
 
 
 def test_top_level_array_of_hits() -> None:
-    config = {**INHOUSE, "hits": "$[*]", "count_fields": [], "remove_fields": []}
+    config = {
+        **INHOUSE_ALL,
+        "hits": "$[*]",
+        "count_fields": [],
+        "keep_fields": [],
+        "remove_fields": [],
+    }
     parsed = _parse(config, HITS)
     assert len(parsed.candidates) == 5
     assert orjson.loads(parsed.render({1, 4})) == [HITS[1], HITS[4]]
@@ -488,16 +506,116 @@ def test_quoted_names_in_selectors() -> None:
     assert orjson.loads(parsed.render({2})) == {"@odata.count": 1, "@search.results": hits[2:]}
 
 
-def test_render_preserves_key_order_and_every_other_field() -> None:
-    body = {"z": 1, "results": HITS[:2], "a": [None, {"k": 2.5}], "total": 2, "facets": {}}
-    out = _parse(INHOUSE, body).render({1})
-    assert out == orjson.dumps({"z": 1, "results": HITS[1:2], "a": [None, {"k": 2.5}], "total": 1})
+def test_render_keeps_only_the_configured_places_in_key_order() -> None:
+    body = {
+        "z": 1,
+        "took_ms": 4,
+        "results": HITS[:2],
+        "a": [None, {"k": 2.5}],
+        "total": 2,
+        "facets": {},
+        "next": "SECRET",
+    }
+    out = orjson.loads(_parse(INHOUSE_ALL, body).render({1}))
+    assert out == {"took_ms": 4, "results": HITS[1:2], "total": 1}
+    assert list(out) == ["took_ms", "results", "total"]
+
+
+def test_keep_fields_go_out_as_they_came_where_present() -> None:
+    config = {**BATCHES, "keep_fields": ["$.batches[*].query", "$.meta.request_id"]}
+    body = {
+        "meta": {"request_id": {"id": "r-1"}, "debug": "SECRET"},
+        "batches": [{"query": "q0", "results": []}, {"results": [], "trace": "SECRET"}],
+        "total": 0,
+    }
+    out = _parse(config, body).render(set())
+    assert out == orjson.dumps(
+        {
+            "meta": {"request_id": {"id": "r-1"}},
+            "batches": [{"query": "q0", "results": []}, {"results": []}],
+            "total": 0,
+        }
+    )
+
+
+def test_hit_fields_go_out_only_when_declared() -> None:
+    result = {
+        "doc_id": 1,
+        "score": 0.5,
+        "rank": 3,
+        "content": {"text": "t", "title": "T", "source": {"url": "u", "key": "SECRET"}},
+        "highlight": "SECRET",
+    }
+    body = {"results": [result], "total": 1}
+    plain = _parse({**INHOUSE, "hit_fields": []}, body).render({0})
+    declared = _parse(
+        {
+            **INHOUSE,
+            "hit_fields": ["score", "rank"],
+            "hashed_fields": ["content.title"],
+            "releasable_fields": ["content.source.url"],
+        },
+        body,
+    ).render({0})
+    assert orjson.loads(plain)["results"] == [{"doc_id": 1, "content": {"text": "t"}}]
+    assert orjson.loads(declared)["results"] == [
+        {
+            "doc_id": 1,
+            "score": 0.5,
+            "rank": 3,
+            "content": {"text": "t", "title": "T", "source": {"url": "u"}},
+        }
+    ]
+    assert b"SECRET" not in plain + declared
+
+
+def test_substitutes_keep_hit_fields_and_drop_declared_ones() -> None:
+    config = {**INHOUSE, "releasable_fields": ["content.title"]}
+    result = {"doc_id": 1, "score": 0.5, "content": {"text": "t", "title": "T"}}
+    parsed = _parse(config, {"results": [result], "total": 1})
+    out = orjson.loads(parsed.render({0}, replacements={0: Replacement("2", "new")}))
+    assert out["results"] == [
+        {"doc_id": 2, "score": 0.5, "content": {"text": "new", SUBSTITUTED_FOR: 1}}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("changes", "name"),
+    [
+        ({"hit_fields": ["content"]}, "content"),
+        ({"hit_fields": ["doc_id"]}, "doc_id"),
+        ({"hit_fields": ["x", ""]}, ""),
+        ({"hit_fields": ["meta"], "releasable_fields": ["meta.source"]}, "meta"),
+        ({"hit_fields": ["m"], "hashed_fields": ["m"]}, "m"),
+    ],
+)
+def test_hit_fields_cannot_hold_the_document(changes: dict[str, Any], name: str) -> None:
+    with pytest.raises(ValueError, match=f"^hit_fields: '{name}' is empty or holds"):
+        generic_format(INHOUSE, **changes)
+    with pytest.raises(ValueError, match=r"^hit_fields: expected a list"):
+        generic_format(INHOUSE, hit_fields="score")
+
+
+def test_hashed_hit_fields_reach_the_candidate() -> None:
+    config = {**INHOUSE, "hit_fields": [], "hashed_fields": ["content.title", "score"]}
+    result = {"doc_id": 1, "score": 0.5, "content": {"text": "t", "title": "T"}}
+    (candidate,) = _parse(config, {"results": [result], "total": 1}).candidates
+    assert candidate == Candidate(
+        0, "1", "t", None, canonical_fields({"content.title": "T", "score": 0.5})
+    )
+
+
+@pytest.mark.parametrize("config", [CHROMA, FLAT])
+def test_declared_fields_need_the_hits_layout(config: dict[str, Any]) -> None:
+    for option in ("hashed_fields", "releasable_fields"):
+        with pytest.raises(ValueError, match="only with hits"):
+            generic_format(config, **{option: ["x"]})
 
 
 def test_render_is_repeatable_and_never_changes_the_parsed_body() -> None:
     body = batches_body(_halves(HITS))
     original = copy.deepcopy(body)
-    parsed = _parse(BATCHES, body)
+    parsed = _parse(BATCHES_ALL, body)
     first = parsed.render({0, 3}, replacements={0: Replacement("x", "new")})
     assert parsed.render(set()) == encode(batches_body([[], []], facets=False))
     assert parsed.render({0, 3}, replacements={0: Replacement("x", "new")}) == first
@@ -554,7 +672,8 @@ def test_candidate_problems_name_the_field(
     parsed = _parse(INHOUSE, {"results": [result], "total": 1})
     assert parsed.candidates == (Candidate(0, chunk_id, text, problem),)
     # A hit without usable id or text is still a hit: the gate rejects it.
-    assert orjson.loads(parsed.render({0}))["results"] == [result]
+    (sent,) = orjson.loads(parsed.render({0}))["results"]
+    assert sent == _released_hit(result)
 
 
 # -- hits layout: replacements ------------------------------------------------------
@@ -562,13 +681,15 @@ def test_candidate_problems_name_the_field(
 
 def test_replacement_sets_id_and_text_and_marks_the_text_object() -> None:
     body = inhouse_body(HITS)
-    out = _filtered(INHOUSE, body, {0, 1}, {0: Replacement("11", "new"), 1: Replacement("z", "Z")})
+    out = _filtered(
+        INHOUSE_ALL, body, {0, 1}, {0: Replacement("11", "new"), 1: Replacement("z", "Z")}
+    )
     first, second = out["results"]
-    # An integer id stays an integer; the rest of the hit stays.
+    # An integer id stays an integer; the score stays, the declared lang goes.
     assert first == {
         "doc_id": 11,
         "score": 0.9,
-        "content": {"text": "new", "lang": "en", SUBSTITUTED_FOR: 1},
+        "content": {"text": "new", SUBSTITUTED_FOR: 1},
     }
     assert second == {"doc_id": "z", "score": 0.8, "content": {"text": "Z", SUBSTITUTED_FOR: "b"}}
 
@@ -595,13 +716,14 @@ def test_replacement_with_top_level_text_and_nested_id() -> None:
         "id": "meta.chunk",
         "text": "text",
         "count_fields": [],
-        "remove_fields": [],
+        "keep_fields": [],
+        "releasable_fields": ["meta.doc"],
     }
     results = [{"meta": {"chunk": "c1", "doc": "D"}, "text": "old", "score": 1.0}]
     parsed = _parse(config, {"results": results})
     out = orjson.loads(parsed.render({0}, replacements={0: Replacement("c2", "rev 2")}))
     assert out["results"] == [
-        {"meta": {"chunk": "c2", "doc": "D"}, "text": "rev 2", "score": 1.0, SUBSTITUTED_FOR: "c1"}
+        {"meta": {"chunk": "c2"}, "text": "rev 2", "score": 1.0, SUBSTITUTED_FOR: "c1"}
     ]
     assert orjson.loads(parsed.render({0}))["results"] == results
 
@@ -809,6 +931,17 @@ def _expected_hit_candidate(position: int, result: Hit) -> tuple[Any, ...]:
     return position, chunk_id, text, chunk_id is None or text is None
 
 
+def _released_hit(result: Hit) -> Hit:
+    """A result as BATCHES sends it: its id, score and text (and marker) only."""
+    sent: Hit = {key: result[key] for key in ("doc_id", "score") if key in result}
+    content = result.get("content")
+    if isinstance(content, dict):
+        kept = {k: v for k, v in content.items() if k in ("text", SUBSTITUTED_FOR)}
+        if kept:
+            sent["content"] = kept
+    return sent
+
+
 def _candidate_tuple(candidate: Candidate) -> tuple[Any, ...]:
     return (
         candidate.position,
@@ -832,7 +965,7 @@ def test_property_hits_render_keeps_exactly_the_kept_hits(
     ]
     expected, start = [], 0
     for results in batches:
-        expected.append(_kept(results, keep, start))
+        expected.append([_released_hit(result) for result in _kept(results, keep, start)])
         start += len(results)
     assert _filtered(BATCHES, body, keep) == batches_body(expected, facets=False)
     assert parsed.released_positions(keep) == sorted(k for k in keep if 0 <= k < len(flat))
@@ -913,7 +1046,8 @@ def test_property_hit_replacements_change_only_id_text_and_marker(
     out = orjson.loads(parsed.render(range(len(parsed.candidates)), replacements=replacements))
     originals = [result for results in batches for result in results]
     rendered = [result for batch in out["batches"] for result in batch["results"]]
-    for position, (before, after) in enumerate(zip(originals, rendered, strict=True)):
+    for position, (original, after) in enumerate(zip(originals, rendered, strict=True)):
+        before = _released_hit(original)
         if position not in replacements:
             assert after == before
             continue

@@ -7,6 +7,7 @@ with the qdrant-client pydantic model of its endpoint.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -17,8 +18,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, create_model
 from qdrant_client.http import models
 
-from sidecar.core.hits import Candidate, Route, RouteKind
-from sidecar.formats.base import MalformedBody, ParsedBody
+from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
+from sidecar.formats.base import SUBSTITUTED_FOR, AbsentAnswer, MalformedBody, ParsedBody
 from sidecar.formats.qdrant import QdrantFormat
 from tests.fixtures.qdrant_bodies import (
     BUILDERS,
@@ -90,27 +91,34 @@ SUFFIXES = sorted(RESPONSE_MODELS)
 
 
 def _build(suffix: str, points: Sequence[Point], keep: Collection[int] | None = None) -> Body:
-    """The body for ``points`` laid out as ``suffix`` returns them, keeping only
-    the points whose index is in ``keep`` (all when None).
+    """The body for ``points`` laid out as ``suffix`` returns them (keep None), or as
+    the gate releases it keeping only the points whose index is in ``keep``.
 
+    A released body has only the keys Qdrant's spec gives it, payloads hold
+    only the text, and scroll's cursor follows the last released point.
     Batches split the points in two halves and groups take two points each, so
     hit positions equal indexes in ``points``. This is the oracle for filtering.
     """
 
     def kept(start: int, hits: Sequence[Point]) -> list[Point]:
-        return [hit for i, hit in enumerate(hits, start) if keep is None or i in keep]
+        if keep is None:
+            return list(hits)
+        return [_released(hit) for i, hit in enumerate(hits, start) if i in keep]
 
     half = len(points) // 2
     halves = [kept(0, points[:half]), kept(half, points[half:])]
     last = suffix.rsplit("/", 1)[-1]
     if suffix == "{id}":
-        body = get_point_body(points[0])
-        if not kept(0, points[:1]):
-            del body["result"]
+        (single,) = kept(0, points[:1])  # a rejected single point is AbsentAnswer
+        body = get_point_body(single)
     elif suffix == "":
         body = retrieve_body(kept(0, points))
     elif suffix == "scroll":
-        body = scroll_body(kept(0, points), next_page_offset=UUID_A)
+        released = kept(0, points)
+        if keep is None:
+            body = scroll_body(released, next_page_offset=UUID_A)
+        else:
+            body = scroll_body(released, next_page_offset=_after(released))
     elif suffix == "query":
         body = query_body(kept(0, points))
     elif suffix == "query/batch":
@@ -122,9 +130,25 @@ def _build(suffix: str, points: Sequence[Point], keep: Collection[int] | None = 
         body = groups_body([group(key, hits) for key, hits in pairs if hits])
     else:
         body = search_body(kept(0, points))
-    body["usage"] = USAGE
-    body["x-unknown"] = {"kept": [1, 2.5, None]}
+    if keep is None:
+        body["usage"] = USAGE
+        body["x-unknown"] = {"kept": [1, 2.5, None]}
     return body
+
+
+def _released(hit: Point) -> Point:
+    """A point as the gate releases it by default: its payload is the text alone."""
+    return {**hit, "payload": {"text": hit["payload"]["text"]}}
+
+
+def _after(points: Sequence[Point]) -> int | str | None:
+    """Scroll's cursor after the released ``points``: the next id in Qdrant's order."""
+    if not points:
+        return None
+    last = points[-1]["id"]
+    if isinstance(last, int):
+        return last + 1 if last < 2**64 - 1 else "00000000-0000-0000-0000-000000000000"
+    return str(uuid.UUID(int=uuid.UUID(last).int + 1))
 
 
 def _parse(body: Body, suffix: str, fmt: QdrantFormat | None = None) -> ParsedBody:
@@ -185,7 +209,6 @@ def test_filters_point_reading_routes(method: str, path: str) -> None:
     ("method", "path"),
     [
         ("PUT", "/collections/docs/points"),  # upsert
-        ("GET", "/collections/docs"),
         ("GET", "/collections/docs/points"),
         ("GET", "/collections/docs/points/"),
         ("POST", "/collections/docs/points/count"),
@@ -213,7 +236,9 @@ def test_filters_no_other_routes(method: str, path: str) -> None:
 @pytest.mark.parametrize(
     ("method", "path", "kind"),
     [
-        ("GET", "/collections/docs", RouteKind.READ),
+        ("GET", "/collections/docs", RouteKind.FILTERED),
+        ("GET", "/collections/docs/exists", RouteKind.READ),
+        ("GET", "/collections/docs/aliases", RouteKind.CONTENT),
         ("HEAD", "/collections/docs/points", RouteKind.READ),
         ("POST", "/collections/docs/points/count", RouteKind.CONTENT),
         ("POST", "/collections/docs/points/search/matrix/pairs", RouteKind.CONTENT),
@@ -259,40 +284,117 @@ def test_render_keeps_exactly_the_kept_hits(suffix: str, keep: set[int]) -> None
 
 
 @pytest.mark.parametrize("suffix", SUFFIXES)
-def test_render_all_is_the_original_body(suffix: str) -> None:
+def test_render_all_is_the_allowlisted_body(suffix: str) -> None:
     points = POINTS[:1] if suffix == "{id}" else POINTS
-    body = _build(suffix, points)
-    assert _filtered(body, suffix, range(len(points))) == body
+    everything = range(len(points))
+    assert _filtered(_build(suffix, points), suffix, everything) == _build(
+        suffix, points, everything
+    )
 
 
-def test_rejected_single_point_drops_result() -> None:
-    body = _build("{id}", POINTS[:1])
-    filtered = _filtered(body, "{id}", set())
-    assert filtered == {
-        "status": "ok",
-        "time": TIME,
-        "usage": USAGE,
-        "x-unknown": body["x-unknown"],
+@pytest.mark.parametrize(
+    ("point_id", "shown"),
+    [("42", "42"), ("0042", "42"), (UUID_A.upper(), UUID_A), ("not-an-id", "not-an-id")],
+)
+def test_rejected_single_point_is_answered_as_missing(point_id: str, shown: str) -> None:
+    parsed = QdrantFormat().parse(
+        encode(_build("{id}", POINTS[:1])), route("{id}", point_id=point_id)
+    )
+    with pytest.raises(AbsentAnswer) as raised:
+        parsed.render(set())
+    # Qdrant's own answer for a point that does not exist.
+    assert raised.value.status == 404
+    assert orjson.loads(raised.value.body) == {
+        "status": {"error": f"Not found: No point with id {shown} found"},
+        "time": 0.0,
     }
-    assert models.InlineResponse20016.model_validate(filtered).result is None
 
 
-def test_render_preserves_key_order_and_all_other_fields() -> None:
+def test_envelope_and_result_keep_only_the_specs_keys() -> None:
     body = {
         "x-first": True,
-        "result": {"next_page_offset": 7, "points": [POINTS[0], POINTS[1]], "extra": 1},
+        "result": {"next_page_offset": 7, "points": [POINTS[0], POINTS[2]], "extra": 1},
+        "time": 1e-06,
+        "status": "ok",
+        "usage": USAGE,
+    }
+    out = QdrantFormat().parse(orjson.dumps(body), route("scroll")).render({0})
+    assert orjson.loads(out) == {
+        "result": {"points": [_released(POINTS[0])], "next_page_offset": 2},
         "time": 1e-06,
         "status": "ok",
     }
-    out = QdrantFormat().parse(orjson.dumps(body), route("scroll")).render({1})
-    assert out == orjson.dumps(
-        {
-            "x-first": True,
-            "result": {"next_page_offset": 7, "points": [POINTS[1]], "extra": 1},
-            "time": 1e-06,
-            "status": "ok",
-        }
-    )
+
+
+@pytest.mark.parametrize(
+    ("kept", "upstream_next", "released_next"),
+    [
+        ({0, 1}, 99, "5c56c793-69f3-4fbf-87e6-c4bf54c28c27"),  # after the last released
+        ({0}, 99, 2),  # rejected points after it are read again, never named
+        (set(), 99, None),  # nothing released: any cursor would name a rejected point
+        ({0, 1}, None, None),  # Qdrant says there is no more
+        ({4}, 5, "00000000-0000-0000-0000-000000000000"),  # the largest integer id
+    ],
+)
+def test_scroll_cursor_follows_the_last_released_point(
+    kept: set[int], upstream_next: int | None, released_next: int | str | None
+) -> None:
+    body = scroll_body(POINTS, next_page_offset=upstream_next)
+    out = orjson.loads(QdrantFormat().parse(encode(body), route("scroll")).render(kept))
+    assert out["result"]["next_page_offset"] == released_next
+
+
+def test_scroll_cursor_after_the_largest_uuid_ends_the_scroll() -> None:
+    last = point("ffffffff-ffff-ffff-ffff-ffffffffffff", "omega")
+    body = scroll_body([last], next_page_offset=None)
+    body["result"]["next_page_offset"] = 1
+    out = orjson.loads(QdrantFormat().parse(encode(body), route("scroll")).render({0}))
+    assert out["result"]["next_page_offset"] is None
+
+
+def test_declared_payload_fields_go_out_and_nothing_else() -> None:
+    fmt = QdrantFormat(hashed_fields=["title"], releasable_fields=["meta.page"])
+    hit = point(1, "alpha", title="T", meta={"page": 3, "secret": "x"}, other="y")
+    hit["shard_key"] = "s1"
+    hit["x-extra"] = 1
+    parsed = fmt.parse(encode(search_body([hit])), route("search"))
+    assert parsed.candidates[0].fields == '{"title":"T"}'
+    (released,) = orjson.loads(parsed.render({0}))["result"]
+    assert released == {
+        "id": 1,
+        "version": 1,
+        "score": 0.5,
+        "shard_key": "s1",
+        "payload": {"text": "alpha", "title": "T", "meta": {"page": 3}},
+    }
+
+
+def test_collection_info_goes_out_without_point_counts() -> None:
+    info = {
+        "status": "green",
+        "optimizer_status": "ok",
+        "segments_count": 2,
+        "points_count": 1234,
+        "indexed_vectors_count": 1200,
+        "config": {"params": {"vectors": {"size": 4, "distance": "Cosine"}}},
+        "payload_schema": {"tenant": {"data_type": "keyword", "params": None, "points": 1234}},
+        "x-new": "dropped",
+    }
+    body = {"result": info, "status": "ok", "time": TIME, "usage": USAGE}
+    parsed = QdrantFormat().parse(encode(body), Route("GET", "/collections/docs"))
+    assert parsed.candidates == ()
+    out = orjson.loads(parsed.render(set()))
+    assert out == {
+        "status": "ok",
+        "time": TIME,
+        "result": {
+            "status": "green",
+            "optimizer_status": "ok",
+            "segments_count": 2,
+            "config": info["config"],
+            "payload_schema": {"tenant": {"data_type": "keyword", "params": None, "points": 0}},
+        },
+    }
 
 
 def test_render_can_be_called_again_with_another_keep_set() -> None:
@@ -301,7 +403,7 @@ def test_render_can_be_called_again_with_another_keep_set() -> None:
     first = parsed.render({0, 3})
     assert orjson.loads(parsed.render(set())) == _build("query/groups", POINTS, set())
     assert parsed.render({0, 3}) == first
-    assert orjson.loads(parsed.render(range(6))) == body
+    assert orjson.loads(parsed.render(range(6))) == _build("query/groups", POINTS, range(6))
 
 
 @pytest.mark.parametrize("suffix", SUFFIXES)
@@ -347,21 +449,24 @@ def test_rejected_lookup_is_left_out_of_its_group() -> None:
     body = _groups_with_lookups()
     filtered = _filtered(body, "search/groups", {0, 3, 4, 5})
     groups = filtered["result"]["groups"]
-    assert groups[0] == {"hits": [POINTS[0]], "id": "a"}
-    assert groups[1] == body["result"]["groups"][1]
-    assert groups[2] == {"hits": [POINTS[3]], "id": "c"}
+    assert groups[0] == {"hits": [_released(POINTS[0])], "id": "a"}
+    lookup_b = _released(body["result"]["groups"][1]["lookup"])
+    assert groups[1] == {"hits": [_released(POINTS[2])], "id": "b", "lookup": lookup_b}
+    assert groups[2] == {"hits": [_released(POINTS[3])], "id": "c"}
 
 
 def test_group_without_kept_hits_is_removed_even_with_a_kept_lookup() -> None:
     filtered = _filtered(_groups_with_lookups(), "query/groups", {2, 4, 5})
-    assert filtered["result"]["groups"] == [{"hits": [POINTS[3]], "id": "c"}]
+    assert filtered["result"]["groups"] == [{"hits": [_released(POINTS[3])], "id": "c"}]
 
 
 def test_null_lookup_is_not_a_candidate() -> None:
     body = groups_body([{"hits": [POINTS[0]], "id": 5, "lookup": None}])
     parsed = _parse(body, "search/groups")
     assert len(parsed.candidates) == 1
-    assert orjson.loads(parsed.render({0})) == body
+    # Qdrant leaves out a lookup that does not exist; the gate never sends a null.
+    released = groups_body([{"hits": [_released(POINTS[0])], "id": 5}])
+    assert orjson.loads(parsed.render({0})) == released
 
 
 # -- trimming to the app's limits ------------------------------------------------
@@ -429,19 +534,22 @@ def test_render_limit_counts_groups_that_keep_hits() -> None:
     body = _groups_with_lookups()
     # Group "a" loses both hits and drops out; "b" and "c" are the first two left.
     filtered = _filtered_with_limits(body, "search/groups", {2, 3, 4, 5, 6}, (2,))
-    assert filtered["result"]["groups"] == [
-        body["result"]["groups"][1],
-        body["result"]["groups"][2],
-    ]
+    assert [group["id"] for group in filtered["result"]["groups"]] == ["b", "c"]
     # The limit counts groups, never the hits inside one.
     filtered = _filtered_with_limits(body, "search/groups", set(range(7)), (1,))
-    assert filtered["result"]["groups"] == [body["result"]["groups"][0]]
+    (first,) = filtered["result"]["groups"]
+    assert first == {
+        "id": "a",
+        "hits": [_released(hit) for hit in POINTS[0:2]],
+        "lookup": _released(body["result"]["groups"][0]["lookup"]),
+    }
 
 
 @pytest.mark.parametrize("limits", [None, (), [None]])
 def test_render_without_limits_trims_nothing(limits: Sequence[int | None] | None) -> None:
     body = _build("query", POINTS)
-    assert orjson.loads(_parse(body, "query").render(range(6), limits)) == body
+    rendered = _parse(body, "query").render(range(6), limits)
+    assert orjson.loads(rendered) == _build("query", POINTS, range(6))
 
 
 @pytest.mark.parametrize(
@@ -635,7 +743,20 @@ def test_property_groups_with_lookups(
         kept_lookup = lookup is not None and position in keep
         position += lookup is not None
         if kept_hits:
-            expected.append(group(i, kept_hits, lookup if kept_lookup else None))
+            released = [_released(hit) for hit in kept_hits]
+            shown = _released(lookup) if lookup is not None and kept_lookup else None
+            expected.append(group(i, released, shown))
 
     assert len(parsed.candidates) == position
     assert _filtered(body, "recommend/groups", keep) == groups_body(expected)
+
+
+def test_a_substitute_goes_out_without_the_replaced_documents_fields() -> None:
+    # Title and page describe the superseded document and were checked against its record.
+    fmt = QdrantFormat(hashed_fields=["title"], releasable_fields=["meta.page", "meta.lang"])
+    hit = point(1, "old text", title="Old SOP", meta={"page": 3, "lang": "en"})
+    parsed = fmt.parse(encode(search_body([hit])), route("search"))
+    out = parsed.render({0}, replacements={0: Replacement("2", "new text")})
+    (released,) = orjson.loads(out)["result"]
+    assert released["id"] == 2
+    assert released["payload"] == {"text": "new text", SUBSTITUTED_FOR: 1}

@@ -180,7 +180,7 @@ def test_field_defaults_reach_only_the_formats_that_take_them() -> None:
         ("GET", "/namespaces/_search", ("elasticsearch", RouteKind.FILTERED)),
         ("GET", "/namespace-aliases/_count", ("elasticsearch", RouteKind.CONTENT)),
         # Only Qdrant knows this one.
-        ("GET", "/collections/docs", ("qdrant", RouteKind.READ)),
+        ("GET", "/collections/docs", ("qdrant", RouteKind.FILTERED)),  # collection info
     ],
 )
 def test_every_format_is_asked_and_the_strictest_answer_wins(

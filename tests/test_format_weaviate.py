@@ -13,7 +13,8 @@ Every rendered body is run through that callback (``_client_view``), and then
 through ``_check_response``, a structural check derived from the same GraphQL
 types: envelope keys, ``errors`` entries, ``_additional`` field types, group
 statistics consistent with their hits, a grouped generative answer only on the
-first object. graphql-core is not installed, so no schema-level validation.
+first object. Responses get no schema-level validation: Weaviate builds its
+GraphQL schema per class at run time.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from weaviate.client_executor import _WeaviateClientExecutor
 from weaviate.collections.classes.internal import _RawGQLReturn
 
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
+from sidecar.core.integrity import canonical_fields
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody, Unreleasable
-from sidecar.formats.weaviate import GENERATIVE_WITHHELD, WeaviateFormat
+from sidecar.formats.weaviate import WeaviateFormat
+from sidecar.formats.weaviate_body import GENERATIVE_WITHHELD, UPSTREAM_ERROR
 from tests.fixtures.weaviate_bodies import (
     UUIDS,
     Body,
@@ -157,8 +160,29 @@ def _validated(out: bytes, batched: bool = False) -> Any:
     return decoded
 
 
+# The properties of the test objects, declared releasable so that whole objects
+# go out; without a declaration only the text and id properties do.
+RELEASABLE = [
+    "doc_id",
+    "page",
+    "tags",
+    "geo",
+    "blank",
+    "title",
+    "chunk_id",
+    "ofDocument",
+    "related",
+    "sections",
+]
+
+
+def weaviate(**options: Any) -> WeaviateFormat:
+    """The adapter with the test objects' properties releasable."""
+    return WeaviateFormat(releasable_fields=RELEASABLE, **options)
+
+
 def _parse(body: Body | list[Body], fmt: WeaviateFormat | None = None) -> ParsedBody:
-    return (fmt or WeaviateFormat()).parse(encode(body), route(isinstance(body, list)))
+    return (fmt or weaviate()).parse(encode(body), route(isinstance(body, list)))
 
 
 def _filtered(
@@ -333,32 +357,32 @@ def test_render_keeps_exactly_the_kept_hits(keep: set[int]) -> None:
     assert _filtered(_plain(), keep) == _plain(keep)
 
 
-def test_render_all_is_the_original_body() -> None:
+def test_render_all_of_a_plain_body_is_the_original() -> None:
+    assert _parse(_plain()).render(range(5)) == encode(_plain())
+
+
+def test_upstream_errors_become_one_gate_error_and_extensions_go() -> None:
     body = _plain()
-    body["errors"] = [graphql_error("partial failure", "Get", "Other")]
-    body["extensions"] = {"trace": [1, None]}
-    assert _parse(body).render(range(5)) == encode(body)
+    body["errors"] = [graphql_error("partial failure quoting SECRET", "Get", "Other")]
+    body["extensions"] = {"trace": ["SECRET"]}
+    out = _filtered(body, range(5))
+    assert out == {**_plain(), "errors": [UPSTREAM_ERROR]}
 
 
-def test_render_preserves_key_order_and_other_fields() -> None:
+def test_render_keeps_the_envelope_order_and_drops_strings_and_unknown_keys() -> None:
     body = {
         "extensions": {"x": 1},
-        "data": {
-            "__typename": "WeaviateObj",
-            "Get": {"__typename": "GetObjectsObj", "C": HITS[:2]},
-        },
         "errors": None,
+        "data": {
+            "__typename": "SECRET",
+            "Get": {"__typename": "SECRET", "C": HITS[:2], "D": None},
+            "Other": None,
+        },
+        "x-debug": "SECRET",
     }
     out = _parse(body).render({1})
     assert out == orjson.dumps(
-        {
-            "extensions": {"x": 1},
-            "data": {
-                "__typename": "WeaviateObj",
-                "Get": {"__typename": "GetObjectsObj", "C": [HITS[1]]},
-            },
-            "errors": None,
-        }
+        {"errors": None, "data": {"Get": {"C": [HITS[1]], "D": None}, "Other": None}}
     )
 
 
@@ -378,12 +402,47 @@ def test_render_without_limits(limits: Sequence[int | None] | None) -> None:
     assert _parse(_plain()).render(range(5), limits) == encode(_plain())
 
 
-def test_render_refuses_limits() -> None:
-    parsed = _parse(_plain())
-    with pytest.raises(MalformedBody):
-        parsed.render(range(5), (3,))
-    with pytest.raises(MalformedBody):
-        parsed.released_positions(range(5), (3,))
+@pytest.mark.parametrize("limits", [(3,), (1, 2, 3)])
+def test_limits_must_match_the_class_results(limits: tuple[int, ...]) -> None:
+    parsed = _parse(_plain())  # two class results: Chunk and recent
+    with pytest.raises(MalformedBody, match="sub-results"):
+        parsed.render(range(5), limits)
+    with pytest.raises(MalformedBody, match="sub-results"):
+        parsed.released_positions(range(5), limits)
+
+
+def test_limits_apply_by_response_key_in_sorted_order() -> None:
+    # Weaviate writes data.Get as a Go map: keys sorted, whatever the query's order.
+    body = get_body({"recent": HITS[3:], "Chunk": HITS[:3]})
+    parsed = _parse(body)
+    # Sorted: "Chunk" (positions 2, 3, 4) then "recent" (positions 0, 1).
+    out = _filtered(body, range(5))
+    assert _validated(parsed.render(range(5), (2, 1))) == get_body(
+        {"recent": HITS[3:4], "Chunk": HITS[:2]}
+    )
+    assert parsed.released_positions({0, 1, 3, 4}, (2, None)) == [0, 1, 3, 4]
+    assert parsed.released_positions({0, 1, 2, 4}, (1, 1)) == [0, 2]
+    assert out == body
+
+
+def test_a_null_class_result_takes_a_limit_too() -> None:
+    body = get_body({"A": None, "B": HITS[:3]})
+    parsed = _parse(body)
+    assert orjson.loads(parsed.render(range(3), (5, 1))) == get_body({"A": None, "B": HITS[:1]})
+
+
+def test_batches_take_no_limits() -> None:
+    parsed = _parse(batch([_plain()]))
+    with pytest.raises(MalformedBody, match="does not trim"):
+        parsed.render(range(5), (1, 1))
+    assert parsed.render(range(5), ()) == encode(batch([_plain()]))
+
+
+def test_trimmed_objects_withhold_the_grouped_answer() -> None:
+    out = _validated(_parse(generative_body()).render(range(3), (2,)))
+    first, second = out["data"]["Get"]["Chunk"]
+    assert first["_additional"]["generate"] == generate("single 0", None, GENERATIVE_WITHHELD)
+    assert second == generative_body()["data"]["Get"]["Chunk"][1]
 
 
 def test_null_class_results_and_empty_get_pass() -> None:
@@ -392,7 +451,7 @@ def test_null_class_results_and_empty_get_pass() -> None:
     )
     parsed = _parse(body)
     assert parsed.candidates == ()
-    assert _filtered(body, set()) == body
+    assert _filtered(body, set()) == {**body, "errors": [UPSTREAM_ERROR]}
 
 
 @pytest.mark.parametrize(
@@ -407,7 +466,14 @@ def test_null_class_results_and_empty_get_pass() -> None:
 def test_errors_only_responses_pass_without_candidates(body: Body) -> None:
     parsed = _parse(body)
     assert parsed.candidates == ()
-    assert _filtered(body, set()) == body
+    expected = {**body, "errors": [UPSTREAM_ERROR]} if "errors" in body else body
+    assert _filtered(body, set()) == expected
+
+
+@pytest.mark.parametrize("errors", [[], None])
+def test_empty_or_null_errors_stay_as_they_are(errors: list[Any] | None) -> None:
+    body = {**_plain(), "errors": errors}
+    assert _filtered(body, range(5)) == body
 
 
 # -- candidate fields ------------------------------------------------------------------
@@ -419,8 +485,8 @@ def test_errors_only_responses_pass_without_candidates(body: Body) -> None:
         ({"text": "t", "_additional": {"id": U}}, U, "t", None),
         ({"text": "", "_additional": {"id": U}}, U, "", None),
         ({"text": "t", "_additional": {"id": 7}}, "7", "t", None),
-        ({"text": "t"}, None, "t", "_additional.id missing"),
-        ({"text": "t", "_additional": None}, None, "t", "_additional.id missing"),
+        ({"text": "t"}, None, "t", "no _additional"),
+        ({"text": "t", "_additional": None}, None, "t", "no _additional"),
         ({"text": "t", "_additional": {"distance": 0.1}}, None, "t", "_additional.id missing"),
         ({"text": "t", "_additional": {"id": ""}}, None, "t", "_additional.id is empty"),
         (
@@ -432,7 +498,7 @@ def test_errors_only_responses_pass_without_candidates(body: Body) -> None:
         ({"_additional": {"id": U}}, U, None, "property 'text' missing"),
         ({"text": None, "_additional": {"id": U}}, U, None, "property 'text' missing"),
         ({"text": ["a"], "_additional": {"id": U}}, U, None, "property 'text' is not a string"),
-        ({}, None, None, "_additional.id missing; property 'text' missing"),
+        ({}, None, None, "no _additional; property 'text' missing"),
     ],
 )
 def test_candidate_from_object(
@@ -464,6 +530,114 @@ def test_problems_never_contain_values() -> None:
     (candidate,) = _parse(get_body({"Chunk": [obj]})).candidates
     assert candidate.problem is not None
     assert "SECRET" not in candidate.problem
+
+
+# -- what goes out of a result object ------------------------------------------------
+
+
+def test_undeclared_properties_are_dropped() -> None:
+    obj = hit(U, "t", distance=0.2, secret="SECRET", nested={"a": "SECRET"})
+    out = _filtered(get_body({"Chunk": [obj]}), {0}, WeaviateFormat())
+    assert out["data"]["Get"]["Chunk"] == [{"text": "t", "_additional": obj["_additional"]}]
+
+
+def test_id_property_and_typename_go_out_undeclared() -> None:
+    obj = {"__typename": "Chunk", "chunk_id": "c-1", "text": "t", "secret": "SECRET"}
+    fmt = WeaviateFormat(id_field="chunk_id")
+    out = _filtered(get_body({"Chunk": [obj]}), {0}, fmt)
+    assert out["data"]["Get"]["Chunk"] == [{"__typename": "Chunk", "chunk_id": "c-1", "text": "t"}]
+
+
+def test_hashed_properties_reach_the_candidate_and_go_out() -> None:
+    objs = [hit(U, "t", title="T", secret="SECRET"), hit(UUIDS[1], "u")]
+    fmt = WeaviateFormat(hashed_fields=["title", "meta.source"])
+    parsed = _parse(get_body({"Chunk": objs}), fmt)
+    assert [c.fields for c in parsed.candidates] == [
+        canonical_fields({"title": "T"}),
+        canonical_fields({}),
+    ]
+    out = orjson.loads(parsed.render({0, 1}))
+    assert out["data"]["Get"]["Chunk"] == [
+        {"text": "t", "title": "T", "_additional": objs[0]["_additional"]},
+        {"text": "u", "_additional": objs[1]["_additional"]},
+    ]
+
+
+def test_additional_keeps_only_known_safe_keys() -> None:
+    additional = {
+        "id": U,
+        "distance": 0.1,
+        "certainty": 0.9,
+        "score": "0.5",
+        "vector": [0.1],
+        "vectors": {"v": [0.1]},
+        "creationTimeUnix": "1",
+        "lastUpdateTimeUnix": "2",
+        "rerank": [{"score": 0.3}],
+        "explainScore": "SECRET",
+        "featureProjection": {"vector": [1, 2]},
+        "answer": {"result": "SECRET"},
+        "summary": [{"result": "SECRET"}],
+        "generate": {**generate("single"), "metadata": {"usage": "SECRET"}},
+    }
+    obj = {"text": "t", "_additional": additional}
+    out = _filtered(get_body({"Chunk": [obj]}), {0})
+    (released,) = out["data"]["Get"]["Chunk"]
+    dropped = {"explainScore", "featureProjection", "answer", "summary"}
+    assert released["_additional"] == {
+        **{k: v for k, v in additional.items() if k not in dropped},
+        "generate": generate("single"),
+    }
+
+
+def test_a_substitute_loses_its_declared_properties_references_too() -> None:
+    body = references_body()
+    fmt = WeaviateFormat(releasable_fields=["tags", "ofDocument"])
+    parsed = _parse(body, fmt)
+    out = orjson.loads(parsed.render({0, 1, 2}, None, {0: Replacement(UUIDS[50], "new")}))
+    (first, _) = out["data"]["Get"]["Chunk"]
+    assert first == {"text": "new", "_additional": {"id": UUIDS[50]}}
+
+
+def test_undeclared_reference_properties_are_dropped_empty_or_not() -> None:
+    # Present-but-emptied against absent would tell that a reference was removed.
+    body = references_body()
+    fmt = WeaviateFormat(releasable_fields=["tags"])
+    for keep in (set(), {1}, {3, 4}):
+        out = _filtered(body, {0, 2, *keep}, fmt)
+        first, second = out["data"]["Get"]["Chunk"]
+        assert set(first) == {"text", "tags", "_additional"}
+        assert set(second) == {"text", "_additional"}
+
+
+def test_grouped_by_value_goes_out_only_for_a_released_property() -> None:
+    body = groups_body()
+    out = _filtered(body, range(6), WeaviateFormat())
+    groups = [o["_additional"]["group"] for o in out["data"]["Get"]["Chunk"]]
+    assert [g["groupedBy"] for g in groups] == [{"path": ["doc_id"], "value": None}] * 3
+    out = _filtered(body, range(6), WeaviateFormat(releasable_fields=["doc_id"]))
+    groups = [o["_additional"]["group"] for o in out["data"]["Get"]["Chunk"]]
+    assert [g["groupedBy"]["value"] for g in groups] == ["a", "b", "c"]
+
+
+def test_group_keeps_only_its_known_keys() -> None:
+    value = {**group(0, "a", [group_hit(U, "a0", 0.1)]), "extra": "SECRET", "groupedBy": "SECRET"}
+    body = get_body({"Chunk": [group_object(value)]})
+    out = orjson.loads(_parse(body).render({0}))
+    released = out["data"]["Get"]["Chunk"][0]["_additional"]["group"]
+    assert set(released) == {"id", "groupedBy", "count", "maxDistance", "minDistance", "hits"}
+    assert released["groupedBy"] is None
+
+
+def test_a_rejected_group_object_nulls_only_what_would_go_out() -> None:
+    hits = [group_hit(UUIDS[0], "a0", 0.1), group_hit(UUIDS[1], "a1", 0.3)]
+    obj = group_object(
+        group(0, "a", hits), text="a0", secret="SECRET", _additional={"id": U, "answer": {}}
+    )
+    out = orjson.loads(_parse(get_body({"Chunk": [obj]})).render({2}))
+    (released,) = out["data"]["Get"]["Chunk"]
+    assert set(released) == {"text", "_additional"} and released["text"] is None
+    assert set(released["_additional"]) == {"id", "group"}
 
 
 # -- cross-references --------------------------------------------------------------------
@@ -510,7 +684,7 @@ def test_nested_object_lists_are_checked_like_references() -> None:
     obj = hit(U, "t", sections=[{"title": "s1"}, {"title": "s2"}])
     parsed = _parse(get_body({"Chunk": [obj]}))
     assert [c.problem for c in parsed.candidates][1:] == [
-        "_additional.id missing; property 'text' missing"
+        "no _additional; property 'text' missing"
     ] * 2
     out = _filtered(get_body({"Chunk": [obj]}), {0})
     assert out["data"]["Get"]["Chunk"] == [{**obj, "sections": []}]
@@ -636,13 +810,13 @@ def test_no_grouped_answer_means_nothing_to_withhold() -> None:
 
 
 def test_block_refuses_a_grouped_answer_over_removed_objects() -> None:
-    parsed = _parse(generative_body(), WeaviateFormat(generative="block"))
+    parsed = _parse(generative_body(), weaviate(generative="block"))
     with pytest.raises(Unreleasable) as raised:
         parsed.render({0, 1})
     assert raised.value.code == "generated_from_rejected_chunks"
     assert parsed.render(range(3)) == encode(generative_body())
     # No grouped answer, nothing to refuse.
-    parsed = _parse(generative_body(None), WeaviateFormat(generative="block"))
+    parsed = _parse(generative_body(None), weaviate(generative="block"))
     assert orjson.loads(parsed.render({1}))["data"]["Get"]["Chunk"][0]["text"] == "text 1"
 
 
@@ -660,14 +834,15 @@ def test_grouped_answer_on_a_class_result_is_independent_of_other_classes() -> N
 def test_replacement_takes_the_hits_id_and_text() -> None:
     body = _plain()
     out = _validated(_parse(body).render({0, 3}, None, {3: Replacement(UUIDS[40], "successor")}))
+    # Its declared properties described the replaced document: they go.
     assert out["data"]["Get"]["recent"] == [
-        {**HITS[3], "text": "successor", "_additional": {**HITS[3]["_additional"], "id": UUIDS[40]}}
+        {"text": "successor", "_additional": {**HITS[3]["_additional"], "id": UUIDS[40]}}
     ]
     assert SUBSTITUTED_FOR.encode() not in orjson.dumps(out)
 
 
 def test_replacement_of_a_property_id() -> None:
-    fmt = WeaviateFormat(id_field="chunk_id")
+    fmt = weaviate(id_field="chunk_id")
     body = get_body({"Chunk": [hit(U, "old", chunk_id="c-1")]})
     out = _validated(_parse(body, fmt).render({0}, None, {0: Replacement("c-2", "new")}))
     assert out["data"]["Get"]["Chunk"] == [hit(U, "new", chunk_id="c-2")]
@@ -686,9 +861,7 @@ def test_replacement_clears_text_generated_from_the_old_text() -> None:
         None, None, GENERATIVE_WITHHELD
     )
     with pytest.raises(Unreleasable):
-        _parse(body, WeaviateFormat(generative="block")).render(
-            {0}, None, {0: Replacement("n", "x")}
-        )
+        _parse(body, weaviate(generative="block")).render({0}, None, {0: Replacement("n", "x")})
 
 
 def test_replaced_first_object_withholds_the_grouped_answer() -> None:
@@ -725,7 +898,7 @@ def test_withheld_fields_add_to_existing_errors() -> None:
     out = _filtered(body, range(5))
     assert out["data"]["Get"] == _plain()["data"]["Get"]
     assert out["data"]["Aggregate"] is None
-    assert out["errors"] == [graphql_error("earlier"), _withheld_error("Aggregate")]
+    assert out["errors"] == [UPSTREAM_ERROR, _withheld_error("Aggregate")]
 
 
 def test_aggregate_aliased_as_get_rows_are_rejected_candidates() -> None:
@@ -750,7 +923,8 @@ def test_batch_numbers_hits_through_all_responses() -> None:
     parsed = _parse(body)
     assert [c.chunk_id for c in parsed.candidates] == [*UUIDS[:5], UUIDS[20]]
     out = _filtered(body, {1, 5})
-    assert out == batch([_plain({1}), errors_body(), get_body({"Chunk": [hit(UUIDS[20], "z")]})])
+    failed = {"data": None, "errors": [UPSTREAM_ERROR]}
+    assert out == batch([_plain({1}), failed, get_body({"Chunk": [hit(UUIDS[20], "z")]})])
 
 
 def test_empty_batch() -> None:
@@ -857,11 +1031,19 @@ def test_property_the_client_reads_exactly_the_kept_objects(
     expected: list[Body] = []
     offset = 0
     for classes in responses:
-        expected.append(get_body(_keep_subset(classes, {p - offset for p in keep})))
+        kept = _keep_subset(classes, {p - offset for p in keep})
+        # No property is declared: of each object only its text and id go out.
+        expected.append(get_body({k: [_bare(o) for o in objs] for k, objs in kept.items()}))
         offset += sum(len(objs) for objs in classes.values())
     bodies = [get_body(classes) for classes in responses]
     body: Body | list[Body] = batch(bodies) if batched else bodies[0]
-    assert _filtered(body, keep) == (batch(expected) if batched else expected[0])
+    out = _filtered(body, keep, WeaviateFormat())
+    assert out == (batch(expected) if batched else expected[0])
+
+
+def _bare(obj: Obj) -> Obj:
+    """``obj`` as it goes out when no property is declared: its text and ``_additional``."""
+    return {key: value for key, value in obj.items() if key in ("text", "_additional")}
 
 
 @st.composite
@@ -882,7 +1064,8 @@ def _grouped(draw: st.DrawFn) -> list[tuple[str, list[Obj]]]:
 @given(groups=_grouped(), data=st.data())
 def test_property_groups(groups: list[tuple[str, list[Obj]]], data: st.DataObject) -> None:
     body = get_body({"Chunk": [group_object(group(i, v, h)) for i, (v, h) in enumerate(groups)]})
-    parsed = _parse(body)
+    fmt = WeaviateFormat(releasable_fields=["doc_id"])
+    parsed = _parse(body, fmt)
     count = sum(len(h) for _, h in groups)
     assert len(parsed.candidates) == count
     keep = data.draw(_keeps(count))
@@ -890,11 +1073,11 @@ def test_property_groups(groups: list[tuple[str, list[Obj]]], data: st.DataObjec
     expected: list[Obj] = []
     position = 0
     for value, hits in groups:
-        kept = [h for i, h in enumerate(hits, position) if i in keep]
+        kept = [_bare(h) for i, h in enumerate(hits, position) if i in keep]
         position += len(hits)
         if kept:
             expected.append(group_object(group(len(expected), value, kept)))
-    assert _filtered(body, keep) == get_body({"Chunk": expected})
+    assert _filtered(body, keep, fmt) == get_body({"Chunk": expected})
 
 
 @PROPERTIES
@@ -916,7 +1099,7 @@ def test_propertygenerative_body(
     body = get_body({"Chunk": objs})
     keep = data.draw(_keeps(size))
     removed = len(keep & set(range(size))) < size
-    parsed = _parse(body, WeaviateFormat(generative="block" if block else "strip"))
+    parsed = _parse(body, weaviate(generative="block" if block else "strip"))
     if block and removed and grouped is not None:
         with pytest.raises(Unreleasable):
             parsed.render(keep)

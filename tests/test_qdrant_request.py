@@ -23,7 +23,13 @@ from pydantic import BaseModel, StrictFloat
 from qdrant_client.http import models
 
 from sidecar.core.hits import Route
-from sidecar.formats.base import MalformedRequest, RequestRewrite, RequestRewriter, ResponseFormat
+from sidecar.formats.base import (
+    MalformedRequest,
+    RequestRewrite,
+    RequestRewriter,
+    ResponseFormat,
+    UnfilterableRequest,
+)
 from sidecar.formats.qdrant import QdrantFormat
 from tests.fixtures.qdrant_bodies import encode, point, query_body, route
 from tests.format_strategies import PROPERTIES
@@ -164,8 +170,9 @@ _SEARCH: Request = {
     "score_threshold": 0.25,
 }
 _RECOMMEND: Request = {
-    "positive": [1, UUID_A, [0.1, 0.2, 0.3]],
-    "negative": [3],
+    # Vectors: a point id as an example is refused under push-down (tested below).
+    "positive": [[0.1, 0.2, 0.3], [0.2, 0.2, 0.2]],
+    "negative": [[0.3, 0.2, 0.1]],
     "strategy": "best_score",
     "limit": 5,
     "using": "dense",
@@ -173,8 +180,8 @@ _RECOMMEND: Request = {
     "with_payload": True,
 }
 _DISCOVER: Request = {
-    "target": 1,
-    "context": [{"positive": 2, "negative": 3}],
+    "target": [0.1, 0.2, 0.3],
+    "context": [{"positive": [0.2, 0.2, 0.2], "negative": [0.3, 0.2, 0.1]}],
     "limit": 5,
     "with_payload": True,
 }
@@ -198,13 +205,13 @@ EXAMPLES: Mapping[str, Request] = {
         "with_lookup": {"collection": "documents", "with_payload": True},
     },
     "query": _QUERY,
-    "query/batch": {"searches": [_QUERY, {"query": UUID_A, "limit": 3}]},
+    "query/batch": {"searches": [_QUERY, {"query": [0.5, 0.5, 0.5], "limit": 3}]},
     "query/groups": {"query": [0.1, 0.2, 0.3], **_GROUPS, "with_payload": True},
     "recommend": _RECOMMEND,
-    "recommend/batch": {"searches": [_RECOMMEND, {"positive": [2], "limit": 3}]},
-    "recommend/groups": {"positive": [1], "negative": [2], **_GROUPS},
+    "recommend/batch": {"searches": [_RECOMMEND, {"positive": [[0.5, 0.5, 0.5]], "limit": 3}]},
+    "recommend/groups": {"positive": [[0.5, 0.5, 0.5]], "negative": [[0.1, 0.1, 0.1]], **_GROUPS},
     "discover": _DISCOVER,
-    "discover/batch": {"searches": [_DISCOVER, {"target": 4, "limit": 3}]},
+    "discover/batch": {"searches": [_DISCOVER, {"target": [0.5, 0.5, 0.5], "limit": 3}]},
     "scroll": {"limit": 10, "offset": UUID_A, "with_payload": True, "with_vector": False},
 }
 
@@ -311,7 +318,8 @@ def test_other_routes_come_back_unchanged(request_route: Route, body: bytes) -> 
 
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
 def test_nothing_to_apply_returns_the_same_body(endpoint: str) -> None:
-    body = b'{"not": "even parsed"'
+    # Read for the collections it names, forwarded as it came.
+    body = encode(EXAMPLES[endpoint])
     rewrite = QdrantFormat().rewrite_request(
         body,
         route(endpoint),
@@ -321,7 +329,7 @@ def test_nothing_to_apply_returns_the_same_body(endpoint: str) -> None:
         overfetch_cap=100,
     )
     assert rewrite.body is body
-    assert rewrite == RequestRewrite(body, (), tenant_filter=False, overfetched=False)
+    assert (rewrite.limits, rewrite.tenant_filter, rewrite.overfetched) == ((), False, False)
 
 
 # -- tenant push-down ---------------------------------------------------------
@@ -766,3 +774,92 @@ def test_property_over_fetch(limits: list[int], factor: float, cap: int) -> None
     )
     assert rewrite.overfetched == any(limit is not None for limit in recorded)
     assert rewrite.limits == (recorded if rewrite.overfetched else ())
+
+
+# -- collections named in the body ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "request_body", "named"),
+    [
+        ("recommend", _RECOMMEND, ("other",)),
+        ("recommend/batch", EXAMPLES["recommend/batch"], ("other",)),
+        ("search/groups", EXAMPLES["search/groups"], ("documents",)),
+        ("search/groups", {**EXAMPLES["search/groups"], "with_lookup": "docs2"}, ("docs2",)),
+        (
+            "query",
+            {
+                **_QUERY,
+                "prefetch": {"query": [0.1, 0.2, 0.3], "lookup_from": {"collection": "deep"}},
+            },
+            ("deep",),
+        ),
+        ("search", _SEARCH, ()),
+    ],
+    ids=["lookup_from", "batch", "with_lookup", "with_lookup-name", "prefetch", "none"],
+)
+@pytest.mark.parametrize("tenant_key", [TENANT_KEY, None], ids=["push-down", "no-push-down"])
+def test_collections_named_in_the_body_are_reported(
+    endpoint: str, request_body: Request, named: tuple[str, ...], tenant_key: str | None
+) -> None:
+    # Without push-down or over-fetch too: ownership is checked either way.
+    rewrite = QdrantFormat().rewrite_request(
+        encode(request_body),
+        route(endpoint),
+        tenant=TENANT,
+        tenant_key=tenant_key,
+        overfetch_factor=1.0,
+        overfetch_cap=1000,
+    )
+    assert rewrite.collections == named
+    if tenant_key is None:
+        assert rewrite.body == encode(request_body)
+
+
+@pytest.mark.parametrize("lookup", [{"vector": "dense"}, {"collection": ""}, 7, {"collection": 3}])
+def test_a_lookup_without_a_collection_name_is_malformed(lookup: Any) -> None:
+    with pytest.raises(MalformedRequest, match="lookup_from"):
+        _rewrite("recommend", {**_RECOMMEND, "lookup_from": lookup})
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "request_body"),
+    [
+        ("recommend", {**_RECOMMEND, "positive": [7]}),
+        ("recommend", {**_RECOMMEND, "negative": [[0.1, 0.1, 0.1], UUID_A]}),
+        ("discover", {**_DISCOVER, "target": 7}),
+        ("discover", {**_DISCOVER, "context": [{"positive": UUID_A, "negative": [0.1, 0.1]}]}),
+        ("query", {"query": 7, "limit": 3}),
+        ("query", {"query": {"nearest": UUID_A}, "limit": 3}),
+        ("query", {"query": {"recommend": {"positive": [1], "negative": []}}}),
+        ("query", {"query": {"discover": {"target": 1, "context": []}}}),
+        ("query", {"query": {"context": [{"positive": 1, "negative": 2}]}}),
+        ("query", {**_QUERY, "prefetch": [{"prefetch": {"query": 9}}]}),
+        ("recommend/batch", {"searches": [_RECOMMEND, {"positive": [2], "limit": 3}]}),
+    ],
+)
+def test_a_point_id_as_an_example_is_refused_under_push_down(
+    endpoint: str, request_body: Request
+) -> None:
+    # Qdrant looks the point up past the filter: its answer tells whether the id exists.
+    with pytest.raises(UnfilterableRequest, match="point id"):
+        _rewrite(endpoint, request_body)
+    # Without push-down the request goes as it came (the response check still runs).
+    assert _rewrite(endpoint, request_body, tenant_key=None)[1].body == encode(request_body)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        [0.1, 0.2, 0.3],
+        [[0.1, 0.2], [0.3, 0.4]],
+        {"indices": [1, 5], "values": [0.3, 0.7]},
+        {"nearest": [0.1, 0.2, 0.3]},
+        {"fusion": "rrf"},
+        {"order_by": "created"},
+    ],
+    ids=["dense", "multi", "sparse", "nearest", "fusion", "order_by"],
+)
+def test_vectors_and_other_queries_are_not_point_ids(query: Any) -> None:
+    rewritten, _ = _rewrite("query", {"query": query, "limit": 3})
+    assert rewritten["query"] == query

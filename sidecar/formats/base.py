@@ -57,6 +57,20 @@ class Unreleasable(Exception):
         self.code = code
 
 
+class AbsentAnswer(Exception):
+    """What the database itself answers when the only hit a route asks for does not exist.
+
+    Raised by ``ParsedBody.render`` when that hit was rejected: a rejected
+    point fetched by id must look exactly like a missing one (status and body),
+    or the answer tells the caller that it exists.
+    """
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"answered as absent ({status})")
+        self.status = status
+        self.body = body
+
+
 class MalformedRequest(Exception):
     """A search request body the gate cannot read; answer 400, never forward it."""
 
@@ -173,6 +187,28 @@ class RequestRewriter(Protocol):
         Bodies of routes it does not rewrite come back unchanged. Raises
         MalformedRequest if a rewritable request body cannot be read.
         """
+        ...
+
+
+@runtime_checkable
+class ChecksQueryString(Protocol):
+    """A rewriter whose database also reads search parameters from the URL."""
+
+    def query_string_problem(self, route: Route, query_string: str) -> str | None:
+        """Why the URL parameters defeat the tenant push-down (naming the parameter,
+        never its value); None when they do not."""
+        ...
+
+    def overfetch_problem(self, route: Route, query_string: str) -> str | None:
+        """Why the URL parameters make over-fetch wrong for this request; None when they do not."""
+        ...
+
+
+@runtime_checkable
+class NamesCollections(Protocol):
+    def route_collections(self, route: Route) -> list[str] | None:
+        """The collections (names, or patterns with ``*``) ``route``'s path names;
+        None to fall back on ``/collections/{name}``."""
         ...
 
 

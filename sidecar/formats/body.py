@@ -31,7 +31,7 @@ Limits = tuple[int | None, ...]
 class Selection:
     """What one render keeps and replaces, and the positions it sends."""
 
-    __slots__ = ("_replacements", "_substituted", "keep", "limits", "released")
+    __slots__ = ("_released", "_replacements", "_substituted", "keep", "limits", "released")
 
     def __init__(
         self,
@@ -39,6 +39,7 @@ class Selection:
         limits: Limits,
         replacements: Mapping[int, Replacement],
         substituted: Callable[[Any, Replacement], Any],
+        released: Callable[[Any], Any],
     ) -> None:
         self.keep = keep
         # One entry per sub-result (the most hits, or groups, it keeps; None:
@@ -47,6 +48,7 @@ class Selection:
         self.released: list[int] = []
         self._replacements = replacements
         self._substituted = substituted
+        self._released = released
 
     def __contains__(self, position: object) -> bool:
         return position in self.keep
@@ -57,13 +59,16 @@ class Selection:
         return [position for position in positions if position in keep]
 
     def send(self, position: int, hit: Any) -> Any:
-        """``hit`` as sent at ``position``: itself, or a copy carrying its replacement.
+        """``hit`` as sent at ``position``: carrying its replacement if it has one, and
+        only what the layout releases of it (``HitLayout.released``).
 
         The position counts as released.
         """
         self.released.append(position)
         replacement = self._replacements.get(position)
-        return hit if replacement is None else self._substituted(hit, replacement)
+        if replacement is not None:
+            hit = self._substituted(hit, replacement)
+        return self._released(hit)
 
     def sent(self, items: Sequence[Any], start: int, limit: int | None = None) -> list[Any]:
         """The kept hits of the array ``items`` (at positions from ``start``) as sent,
@@ -150,7 +155,11 @@ class HitBody(ABC):
         replacements: Mapping[int, Replacement] | None,
     ) -> Selection:
         return Selection(
-            frozenset(keep), self._checked_limits(limits), replacements or {}, self._substituted
+            frozenset(keep),
+            self._checked_limits(limits),
+            replacements or {},
+            self._substituted,
+            self._layout.released,
         )
 
     def _checked_limits(self, limits: Sequence[int | None] | None) -> Limits:

@@ -12,25 +12,41 @@ The chunk id is the Chroma record id (``ids[i]``), or the metadata field
 ``id_field`` when set. The chunk text is always the record's document
 (``documents[i]``): Chroma stores text in its own column, so the adapter takes
 no ``text_field``. A substitute takes the hit's id and document, and its
-metadata gains the marker; the hit is read and written as a row of its cells
+metadata gains the marker and loses the declared fields (they describe the
+document it replaces); the hit is read and written as a row of its cells
 (``{"ids": ..., "documents": ..., "metadatas": ...}``), one per column present.
+
+A body is rebuilt from the keys its route's response has (``_SHAPES``):
+every other key, known elsewhere or not, is dropped. Of each metadata object
+only the marker, ``id_field`` and the declared ``hashed_fields`` and
+``releasable_fields`` go out; the hashed ones go into the candidate for the
+integrity check.
 
 Shapes follow the server's OpenAPI document (``QueryResponse``,
 ``GetResponse``, ``SearchResponse``; chromadb 1.5, served at ``/openapi.json``)
 and the Python client (``chromadb.api.fastapi``: ``QueryResult``,
-``GetResult``, ``SearchResult``).
+``GetResult``, ``SearchResult``). Requests are rewritten by ``chroma_request``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
-from sidecar.core.hits import Route, RouteKind
-from sidecar.formats.base import MalformedBody, ResponseAdapter, id_field_option
+from sidecar.core.hits import Replacement, Route, RouteKind
+from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ResponseAdapter, id_field_option
 from sidecar.formats.body import HitBody, Selection
-from sidecar.formats.hits import Field, Found, HitLayout, Hits, usable_id, usable_text
+from sidecar.formats.chroma_request import ChromaRequests, collection_endpoint
+from sidecar.formats.hits import (
+    Field,
+    Found,
+    HitLayout,
+    Hits,
+    ReleasedFields,
+    usable_id,
+    usable_text,
+)
 
 _C, _F, _R, _W = RouteKind.CONTENT, RouteKind.FILTERED, RouteKind.READ, RouteKind.WRITE
 _NAME: Final = "{}"  # a path segment that names something: tenant, database, collection ...
@@ -72,14 +88,6 @@ _ROUTES: Final[tuple[tuple[tuple[str, ...], Mapping[str, RouteKind]], ...]] = (
     ((*_COLLECTION, "attached_functions", _NAME, "detach"), {"POST": _W}),
     (("collections", _NAME), {"GET": _R}),  # a collection by CRN
 )
-
-# The per-hit arrays a body may carry. "data" is what the Python server names
-# loaded URIs; "scores" is search's name for distances.
-_COLUMNS: Final = frozenset(
-    {"documents", "metadatas", "embeddings", "uris", "distances", "scores", "data"}
-)
-# Arrays that describe the request, not hits: what was included or selected.
-_DESCRIPTIVE: Final = frozenset({"include", "included", "select"})
 
 
 def _segments_match(pattern: tuple[str, ...], segments: Sequence[str]) -> bool:
@@ -123,9 +131,31 @@ def _kind(route: Route) -> RouteKind | None:
     return RouteKind.CONTENT
 
 
-# Filtered endpoint (last path segment) -> whether its columns hold one inner
-# list per query (query, search) rather than one entry per record (get).
-_NESTED: Final[Mapping[str, bool]] = {"query": True, "search": True, "get": False}
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """The keys of one filtered route's responses: the per-hit columns and the one
+    array describing the request (what it included or selected)."""
+
+    nested: bool  # one inner list per query embedding (search), not one per record
+    columns: tuple[str, ...]
+    descriptive: str
+    # One limit per inner list (search: one per search), not one for them all.
+    limit_per_batch: bool = False
+
+
+# "data" is what the Python server names loaded URIs; "scores" is search's
+# name for distances.
+_SHAPES: Final[Mapping[str, _Shape]] = {
+    "query": _Shape(
+        True, ("embeddings", "documents", "uris", "data", "metadatas", "distances"), "include"
+    ),
+    "get": _Shape(False, ("embeddings", "documents", "uris", "data", "metadatas"), "include"),
+    "search": _Shape(
+        True, ("documents", "embeddings", "metadatas", "scores"), "select", limit_per_batch=True
+    ),
+}
+# A row's own keys: every column any route has.
+_ROW_KEYS: Final = frozenset({"ids"}.union(*(shape.columns for shape in _SHAPES.values())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,27 +185,35 @@ class _Columns:
         return cells
 
 
-def _columns(document: dict[str, Any], nested: bool) -> _Columns:
+def _columns(document: dict[str, Any], shape: _Shape) -> _Columns:
     ids = document.get("ids")
     if not isinstance(ids, list):
         raise MalformedBody("'ids' is not a list")
-    batches: list[list[Any]] = ids if nested else [ids]
+    batches: list[list[Any]] = ids if shape.nested else [ids]
     if not all(isinstance(batch, list) for batch in batches):
         raise MalformedBody("an 'ids' entry is not a list")
     arrays: dict[str, list[list[Any] | None]] = {}
-    for key, value in document.items():
-        if key in _COLUMNS:
-            if value is not None:
-                arrays[key] = _aligned(key, value, batches, nested)
-        elif key != "ids" and key not in _DESCRIPTIVE and isinstance(value, list | dict):
-            # An array we do not know could be one more per-hit column: left
-            # as it is, it would carry the rejected hits' data.
-            raise MalformedBody("unknown array or object at the top level")
+    for column in shape.columns:
+        value = document.get(column)
+        if value is not None:
+            arrays[column] = _aligned(column, value, batches, shape.nested)
     for inner in arrays.get("metadatas", ()):
         # Replacements write into metadata objects, and the spec allows only these.
         if inner is not None and not all(m is None or isinstance(m, dict) for m in inner):
             raise MalformedBody("a 'metadatas' entry is not an object or null")
-    return _Columns(nested, batches, arrays)
+    _check_descriptive(document.get(shape.descriptive), shape)
+    return _Columns(shape.nested, batches, arrays)
+
+
+def _check_descriptive(value: Any, shape: _Shape) -> None:
+    """``include`` is a list of strings, ``select`` one such list per search."""
+    if value is None:
+        return
+    lists = value if shape.descriptive == "select" else [value]
+    if not isinstance(lists, list) or not all(
+        isinstance(names, list) and all(isinstance(name, str) for name in names) for names in lists
+    ):
+        raise MalformedBody(f"'{shape.descriptive}' is not a list of names")
 
 
 def _aligned(
@@ -198,11 +236,18 @@ def _aligned(
 @dataclass(eq=False)
 class _ChromaBody(HitBody):
     """Every column loses the same entries, so the arrays stay aligned; null
-    columns and the request's ``include``/``select`` stay as they are."""
+    columns and the request's ``include``/``select`` stay as they are, any other
+    key goes. Each result list keeps at most its limit (query's one limit holds
+    for the list of every query embedding; search has one per search)."""
 
     document: dict[str, Any]
+    shape: _Shape
     columns: _Columns
     places: Sequence[tuple[int, int]]  # position -> (batch, index in batch)
+    metadata: HitLayout  # what goes out of a metadata object
+    # What a substitute's metadata keeps: the marker and the id field. Declared
+    # fields describe the document it replaces, checked against that record.
+    substitute_keeps: frozenset[str]
 
     def _rebuild(self, selection: Selection) -> dict[str, Any]:
         columns = self.columns
@@ -210,11 +255,29 @@ class _ChromaBody(HitBody):
         sent: list[list[dict[str, Any]]] = [[] for _ in columns.ids]
         for position in selection.kept(range(len(self.places))):
             batch, index = self.places[position]
-            sent[batch].append(selection.send(position, columns.row(batch, index)))
-        return {
-            key: self._column(key, sent) if key == "ids" or key in columns.arrays else value
-            for key, value in self.document.items()
-        }
+            limit = selection.limits[batch if self.shape.limit_per_batch else 0]
+            if limit is not None and len(sent[batch]) >= limit:
+                continue
+            row = selection.send(position, columns.row(batch, index))
+            if "metadatas" in row:
+                row["metadatas"] = self.metadata.released_object(row["metadatas"])
+            sent[batch].append(row)
+        shape = self.shape
+        out: dict[str, Any] = {}
+        for key, value in self.document.items():
+            if key == "ids" or key in columns.arrays:
+                out[key] = self._column(key, sent)
+            elif key in shape.columns or key == shape.descriptive:
+                out[key] = value  # a null column, or what the request included
+        return out
+
+    def _substituted(self, hit: Any, replacement: Replacement) -> Any:
+        out = self._layout.substituted(hit, replacement)
+        metadata = out.get("metadatas")
+        if isinstance(metadata, dict):
+            keeps = self.substitute_keeps
+            out["metadatas"] = {key: value for key, value in metadata.items() if key in keeps}
+        return out
 
     def _column(self, column: str, sent: list[list[dict[str, Any]]]) -> Any:
         source = self.columns.ids if column == "ids" else self.columns.arrays[column]
@@ -225,19 +288,48 @@ class _ChromaBody(HitBody):
         return inner_lists if self.columns.nested else inner_lists[0]
 
 
-class ChromaFormat(ResponseAdapter[bool]):
-    """Adapter for Chroma's HTTP API v2: filters query, get and search responses."""
+class ChromaFormat(ResponseAdapter[_Shape], ChromaRequests):
+    """Adapter for Chroma's HTTP API v2: filters query, get and search responses,
+    rewrites their requests."""
 
     name = "chroma"
 
-    def __init__(self, *, id_field: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        id_field: str | None = None,
+        hashed_fields: list[str] | None = None,
+        releasable_fields: list[str] | None = None,
+    ) -> None:
+        """``hashed_fields`` and ``releasable_fields`` name the metadata fields (dotted
+        paths) that go out beside the document and id: checked against the chunk
+        record's ``payload_sha256``, or unverified. Every other metadata field is dropped."""
         self.id_field = id_field_option(id_field)
+        fields = ReleasedFields.from_options(hashed_fields, releasable_fields)
         if self.id_field is None:
             chunk_id = Field(("ids",), "id")
         else:
             chunk_id = Field((self.id_field,), f"metadata field {self.id_field!r}", "metadatas")
         self._layout = HitLayout(
-            "record", chunk_id, Field(("documents",), "document"), ("metadatas",)
+            "record",
+            chunk_id,
+            Field(("documents",), "document"),
+            ("metadatas",),
+            hit_keys=_ROW_KEYS,
+            fields=fields,
+        )
+        # A metadata object as a hit of its own, to project it: it holds the
+        # marker (as its "id" and "text", so that nothing else comes with them),
+        # the id field and the declared fields.
+        marker = Field((SUBSTITUTED_FOR,), "marker")
+        own = () if self.id_field is None else ((self.id_field,),)
+        self._metadata = HitLayout(
+            "metadata",
+            marker,
+            marker,
+            None,
+            hit_keys=frozenset(),
+            fields=ReleasedFields(fields.hashed, (*fields.releasable, *own)),
         )
 
     def route_kind(self, route: Route) -> RouteKind | None:
@@ -252,13 +344,25 @@ class ChromaFormat(ResponseAdapter[bool]):
         """
         return _kind(route)
 
-    def _shape(self, route: Route) -> bool | None:
-        """Whether the columns are nested (query, search); None for routes not filtered."""
-        if _kind(route) is not RouteKind.FILTERED:
-            return None
-        return _NESTED[route.path.rsplit("/", 1)[-1]]
+    def path_collections(self, route: Route) -> tuple[PathCollection, ...]:
+        """The collections ``route``'s path names, and whether by id or by name.
 
-    def _read(self, document: dict[str, Any], shape: bool) -> _ChromaBody:
+        Measured against ``chroma run`` (chromadb 1.5): every route below
+        ``.../collections/{c}/`` (query, get, search, count, add ...), PUT of
+        ``.../collections/{c}`` and ``.../collections/by-id/{c}`` take the
+        collection's id; GET (and HEAD) and DELETE of ``.../collections/{c}``
+        and the cloud route ``/api/v2/collections/{tenant}:{database}:{name}``
+        take its name. A method the API does not have there names it either
+        way, so both are given. Other paths name no collection.
+        """
+        return _path_collections(route)
+
+    def _shape(self, route: Route) -> _Shape | None:
+        """The keys of the route's responses; None for routes not filtered."""
+        endpoint = collection_endpoint(route)
+        return None if endpoint is None else _SHAPES[endpoint]
+
+    def _read(self, document: dict[str, Any], shape: _Shape) -> _ChromaBody:
         columns = _columns(document, shape)
         places = tuple(
             (batch, index)
@@ -267,8 +371,25 @@ class ChromaFormat(ResponseAdapter[bool]):
         )
         hits = Hits(self._layout)
         for batch, index in places:
-            hits.add_found(self._chunk_id(columns, batch, index), self._text(columns, batch, index))
-        return _ChromaBody(hits, document, columns, places)
+            metadatas = columns.inner("metadatas", batch)
+            metadata = None if metadatas is None else metadatas[index]
+            hits.add_found(
+                self._chunk_id(columns, batch, index),
+                self._text(columns, batch, index),
+                hits.hashed(metadata),
+            )
+        # Search has one limit per search; query one for every query embedding.
+        sub_results = len(columns.ids) if shape.limit_per_batch else 1
+        return _ChromaBody(
+            hits,
+            document,
+            shape,
+            columns,
+            places,
+            self._metadata,
+            frozenset({SUBSTITUTED_FOR, *([self.id_field] if self.id_field else [])}),
+            sub_results=sub_results,
+        )
 
     # Problems name the field, never its value: they end up in audit records.
 
@@ -289,3 +410,51 @@ class ChromaFormat(ResponseAdapter[bool]):
         if metadata is None:
             return None, "metadata missing"
         return usable_id(metadata.get(self.id_field), label)
+
+
+# -- collections named in paths ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PathCollection:
+    """A collection as a Chroma path names it: by ``id`` (its UUID) or by ``name``.
+
+    The two are different namespaces: a collection may be *named* like another
+    collection's id (measured: ``GET .../collections/<uuid>`` finds the
+    collection of that name, ``POST .../collections/<uuid>/get`` the one of
+    that id). ``tenant`` and ``database`` are Chroma's own namespaces from the
+    path (None where the path has none).
+    """
+
+    kind: Literal["id", "name"]
+    value: str
+    tenant: str | None
+    database: str | None
+
+
+def _path_collections(route: Route) -> tuple[PathCollection, ...]:
+    segments = _v2_segments(route.path)
+    if segments is None:
+        return ()
+    match segments:
+        case ["collections", crn] if crn:
+            scope, _, name = crn.rpartition(":")
+            tenant, _, database = scope.partition(":")
+            return (PathCollection("name", name, tenant or None, database or None),)
+        case ["tenants", t, "databases", d, "collections", "by-id", c] if (
+            t and d and c and route.method.upper() in ("GET", "HEAD")
+        ):
+            return (PathCollection("id", c, t, d),)
+        case ["tenants", t, "databases", d, "collections", c] if t and d and c:
+            method = route.method.upper()
+            kinds: tuple[Literal["id", "name"], ...] = (
+                ("id",)
+                if method == "PUT"
+                else ("name",)
+                if method in ("GET", "HEAD", "DELETE")
+                else ("id", "name")
+            )
+            return tuple(PathCollection(kind, c, t, d) for kind in kinds)
+        case ["tenants", t, "databases", d, "collections", c, *rest] if t and d and c and rest:
+            return (PathCollection("id", c, t, d),)
+    return ()

@@ -1,8 +1,12 @@
-"""Elasticsearch and OpenSearch routes: which API a path calls and what it does.
+"""Elasticsearch and OpenSearch routes: which API a path calls, what it does, which indices.
 
 The rules are described in ``elasticsearch``'s module docstring and in
 ``ElasticsearchFormat.route_kind``: only search endpoints are FILTERED; every
 other API is READ, WRITE or CONTENT by its family and the method.
+
+``index_expression`` names the indices a path targets, for the request
+policy's ownership check; ``index_names`` reads one index expression (a path
+segment, or a multi-search header's ``index``).
 """
 
 from __future__ import annotations
@@ -195,3 +199,119 @@ def route_kind(route: Route) -> RouteKind | None:
             return RouteKind.CONTENT
         return None
     return _kind(method, *found)
+
+
+# "Every index": what ``_all`` and ``*`` mean, and what a path without an
+# index expression targets on the APIs that default to all indices.
+EVERY_INDEX: Final = "*"
+
+# APIs that act on every index when the path names none (``GET /_search``),
+# and those whose indices are named in the body or stored server-side (a
+# query language, multi-get, reindex): for the ownership check both mean
+# every index. Multi-search is not among them: its header lines name its
+# indices (``RequestRewrite.collections``).
+_EVERY_INDEX_APIS: Final = frozenset(
+    {
+        "_alias", "_aliases", "_async_search", "_cache", "_count", "_data_stream",
+        "_field_caps", "_flush", "_forcemerge", "_mapping", "_mget", "_mtermvectors",
+        "_query", "_rank_eval", "_recovery", "_refresh", "_reindex", "_search_shards",
+        "_segments", "_settings", "_shard_stores", "_sql", "_stats", "_validate",
+        "_plugins/_asynchronous_search", "_plugins/_ppl", "_plugins/_sql",
+    }
+)  # fmt: skip
+# ``_cat`` reports that take an index expression after their name.
+_CAT_BY_INDEX: Final = frozenset({"aliases", "count", "indices", "recovery", "segments", "shards"})
+# ``cluster:name``: cluster names hold neither ":" nor "<" (date math may hold ":").
+_REMOTE: Final = re.compile(r"(?:([^<:]*):)?(.*)", re.DOTALL)
+
+
+def index_names(expression: str) -> list[str]:
+    """The names and patterns of one index expression, in order, without repeats.
+
+    ``docs,logs-*`` is two names; ``_all`` and ``*`` are ``EVERY_INDEX``;
+    wildcards stay patterns; ``remote:docs`` keeps its cluster (another
+    cluster's index, not a local one); a selector (``docs::failures``) names
+    its data stream; date math (``<logs-{now/d}>``) becomes the pattern of
+    every date (``logs-*``). Exclusions (``-logs-old``) are left out: they
+    only narrow the patterns before them, so checking those alone is the
+    stricter check. An expression of exclusions only, or of nothing, names
+    every index.
+    """
+    names: list[str] = []
+    for item in expression.split(","):
+        item = item.removeprefix("+")
+        if not item or item.startswith("-"):
+            continue
+        if "::" in item:
+            item = item[: item.rindex("::")]
+        found = _REMOTE.fullmatch(item)
+        assert found is not None  # the pattern matches any string
+        cluster, name = found.groups()
+        name = _undated(name)
+        if not name:
+            continue  # no index (the database refuses it)
+        if name in ("_all", EVERY_INDEX):
+            name = EVERY_INDEX
+        names.append(name if cluster is None else f"{cluster}:{name}")
+    return list(dict.fromkeys(names)) or [EVERY_INDEX]
+
+
+def _undated(name: str) -> str:
+    """A date math name as the pattern of the names it resolves to; other names as they are.
+
+    ``<logs-{now/d{yyyy.MM.dd|+12:00}}>`` is ``logs-*``: each (nested) brace
+    group is one date; ``\\{`` is a literal brace. Unbalanced braces: every name.
+    """
+    if not (name.startswith("<") and name.endswith(">")):
+        return name
+    out: list[str] = []
+    depth = 0
+    escaped = False
+    for char in name[1:-1]:
+        if escaped:
+            escaped = False
+            if depth == 0:
+                out.append(char)
+        elif char == "\\":
+            escaped = True
+        elif char == "{":
+            if depth == 0:
+                out.append("*")
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth < 0:
+                return EVERY_INDEX
+        elif depth == 0:
+            out.append(char)
+    return "".join(out) if depth == 0 and not escaped else EVERY_INDEX
+
+
+def index_expression(route: Route) -> list[str] | None:
+    """The indices ``route`` targets, as ``index_names`` reads them; None when it names none.
+
+    The index expression is the path's first segment (``/docs/_search``,
+    ``/logs-*,-logs-old/_doc/1``, ``/docs``), or follows a ``_cat`` report or
+    ``_resolve/index``. APIs that default to every index (``/_search``,
+    ``/_count``, ``/_mapping``, ...) or read indices named in the body (SQL,
+    ``_mget``, ``_reindex``) give ``[EVERY_INDEX]``. Everything else names
+    no index (None): cluster APIs, scroll and point-in-time continuations
+    (their ids carry the indices of a search already checked), and
+    multi-search, whose indices are in its header lines.
+    """
+    segments = [segment for segment in route.path.split("/") if segment]
+    if not segments:
+        return None
+    found = endpoint(route.path)
+    if found is None or segments[0] == "_all" or not _API_SEGMENT.fullmatch(segments[0]):
+        return index_names(segments[0])
+    api, rest = found
+    if api == "_cat" and rest and rest[0] in _CAT_BY_INDEX:
+        return index_names(rest[1]) if len(rest) > 1 else [EVERY_INDEX]
+    if api == "_resolve" and len(rest) > 1 and rest[0] == "index":
+        return index_names(rest[1])
+    if (api == "_search" and rest in ([], ["template"])) or api in _EVERY_INDEX_APIS:
+        return [EVERY_INDEX]
+    if api == "_application" and rest[:1] == ["search_application"] and rest[-1:] == ["_search"]:
+        return [EVERY_INDEX]  # the application's indices are stored server-side
+    return None

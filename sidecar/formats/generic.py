@@ -14,34 +14,56 @@ a body has several, numbered through in document order. The ``texts`` and
 ``parallel`` arrays pair with the ids array whose ``[*]`` steps took the same
 indexes, and must have its length.
 
-``count_fields`` are numbers that count hits. Each is set to the number of
-kept hits in the hit lists it encloses: ``$.total`` counts all of them,
-``$.batches[*].total`` those of its own batch. ``remove_fields`` are values
-computed over the whole match set (facets, aggregations, answer text): the
-gate can vouch for none of them, even when every returned hit passes, so they
-are always removed; that also keeps the filtered body's shape from telling
-whether anything was filtered.
+A filtered body is rebuilt from the configuration alone, as an allowlist:
+the objects and arrays on the way to the hit lists, the hit lists, the
+aligned arrays, the ``count_fields`` and the ``keep_fields``; everything else
+the API sends (facets, aggregations, answer text, cursors, timings, fields it
+adds later) is left out. ``count_fields`` are numbers that count hits, each
+set to the number of kept hits in the hit lists it encloses: ``$.total``
+counts all of them, ``$.batches[*].total`` those of its own batch.
+``keep_fields`` are values released as they came (a query echo, a took
+time): name only values that say nothing about the hits the gate removes.
+``remove_fields`` is still accepted and checked, and has nothing left to do.
+
+A hit of the hits layout is its own free-form object: it goes out with its
+id and text, the substitute marker, its ``hit_fields`` (top-level keys that
+are the API's own, such as a score: kept on substitutes too), and the
+``hashed_fields`` (integrity checked against the chunk record) and
+``releasable_fields`` (unverified) named as dotted paths within the hit
+(``content.title``; a substitute carries none: they describe the document it
+replaces); nothing else of it. The arrays of the parallel layout go out as configured (entry
+by entry, for the kept hits): name in ``parallel`` only arrays you release
+unverified.
 
 A replacement sets the id and text where they were found (an integer id stays
 an integer when the new id is one). In the hits layout the object holding the
 text also gets the marker, the old id; parallel arrays have no object for it.
 
-Options are checked when the format is built (``generic_options``); a body
-that does not fit the selectors is MalformedBody when it is parsed.
+Options are checked when the format is built (``generic_options``,
+``generic_request``); a body that does not fit the selectors is
+MalformedBody when it is parsed. Requests are rewritten (tenant push-down)
+only when the tenant filter options are given (``generic_request``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 from sidecar.core.hits import Route, RouteKind
-from sidecar.formats.base import MalformedBody, ResponseAdapter, load_json
+from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ResponseAdapter, load_json
 from sidecar.formats.body import HitBody, Selection
-from sidecar.formats.generic_options import Layout, checked_layout, checked_name, checked_routes
-from sidecar.formats.hits import Field, HitLayout, Hits
-from sidecar.formats.selectors import Match, Path, Selector
+from sidecar.formats.generic_options import (
+    Layout,
+    checked_layout,
+    checked_name,
+    checked_routes,
+    strings,
+)
+from sidecar.formats.generic_request import GenericRequests, checked_tenant_filter
+from sidecar.formats.hits import Field, HitLayout, Hits, ReleasedFields
+from sidecar.formats.selectors import EACH, Match, Path, Selector
 
 # What the entries of a filtered array are, for placing a replacement: the
 # hits, the "id" or "text" of their rows, or other values that go with them.
@@ -75,37 +97,39 @@ class _HitList:
 class _Count:
     path: Path
     lists: tuple[int, ...]  # the hit lists (indexes into _GenericBody.lists) it counts
+    null: bool  # a null count stays null
 
 
 @dataclass(frozen=True, slots=True)
 class _Fields:
-    """The count fields and the fields to remove that one body has."""
+    """The count fields, the values kept as they are, and the aligned arrays that
+    are null, of one body."""
 
     counts: tuple[_Count, ...]
-    removes: tuple[Path, ...]
+    kept: tuple[Match, ...]
 
 
-_DELETE: Final = object()
+def _assembled(document: Any, values: Mapping[Path, Any]) -> Any:
+    """A new body holding ``values`` at their paths, in ``document``'s order, and
+    nothing else.
 
-
-def _edited(value: Any, edits: Mapping[Path, Any]) -> Any:
-    """``value`` with each path set to its edit (or removed, for _DELETE).
-
-    Only the containers on edited paths are copied; no edited path lies below
-    another (the options are checked for that), so the order does not matter.
+    The containers on the way are new objects with only the keys that lead to
+    a value, and arrays of the same length. Every index of an array on the
+    way leads to a value: such arrays are above hit lists, which the
+    selectors require at every index.
     """
-    if () in edits:
-        return edits[()]
+    if () in values:
+        return values[()]
     children: dict[str | int, dict[Path, Any]] = {}
-    for path, edit in edits.items():
-        children.setdefault(path[0], {})[path[1:]] = edit
-    copy: Any = dict(value) if isinstance(value, dict) else list(value)
-    for key, sub in children.items():
-        if sub.get(()) is _DELETE:
-            del copy[key]
-        else:
-            copy[key] = _edited(value[key], sub)
-    return copy
+    for path, value in values.items():
+        children.setdefault(path[0], {})[path[1:]] = value
+    if isinstance(document, dict):
+        return {
+            key: _assembled(item, children[key])
+            for key, item in document.items()
+            if key in children
+        }
+    return [_assembled(item, children[index]) for index, item in enumerate(document)]
 
 
 def _id_like(old: Any, new: str) -> Any:
@@ -120,14 +144,17 @@ def _id_like(old: Any, new: str) -> Any:
 @dataclass(eq=False)
 class _GenericBody(HitBody):
     """Every array of a hit list keeps the same indexes; count fields become the
-    number of kept hits they count; remove fields are left out."""
+    number of kept hits they count; nothing else but the kept values goes out."""
 
     document: Any
     lists: tuple[_HitList, ...]
+    nulls: tuple[Path, ...]  # aligned arrays the API left out (null)
+    empties: tuple[Path, ...]  # empty arrays above hit lists: no value leads there
     fields: _Fields
 
     def _rebuild(self, selection: Selection) -> Any:
-        edits: dict[Path, Any] = {}
+        values: dict[Path, Any] = dict.fromkeys(self.nulls)
+        values.update((path, []) for path in self.empties)
         survivors: list[int] = []
         for hit_list in self.lists:
             start = hit_list.start
@@ -135,15 +162,15 @@ class _GenericBody(HitBody):
             sent = [selection.send(position, hit_list.rows[position - start]) for position in kept]
             survivors.append(len(sent))
             for column in hit_list.columns:
-                edits[column.path] = [
+                values[column.path] = [
                     _entry(column, position - start, row)
                     for position, row in zip(kept, sent, strict=True)
                 ]
         for count in self.fields.counts:
-            edits[count.path] = sum(survivors[i] for i in count.lists)
-        for path in self.fields.removes:
-            edits[path] = _DELETE
-        return _edited(self.document, edits)
+            values[count.path] = None if count.null else sum(survivors[i] for i in count.lists)
+        for match in self.fields.kept:
+            values[match.path] = match.value
+        return _assembled(self.document, values)
 
 
 def _entry(column: _Column, index: int, row: Any) -> Any:
@@ -155,7 +182,7 @@ def _entry(column: _Column, index: int, row: Any) -> Any:
     return row[column.role]
 
 
-class GenericFormat(ResponseAdapter[Layout]):
+class GenericFormat(ResponseAdapter[Layout], GenericRequests):
     """Adapter for a JSON search API described by routes and selectors.
 
     Exactly one layout is given: ``hits``, ``id`` and ``text`` (hit objects),
@@ -175,14 +202,33 @@ class GenericFormat(ResponseAdapter[Layout]):
         texts: str | None = None,
         parallel: Sequence[str] = (),
         count_fields: Sequence[str] = (),
+        keep_fields: Sequence[str] = (),
         remove_fields: Sequence[str] = (),
+        hit_fields: Sequence[str] = (),
+        hashed_fields: list[str] | None = None,
+        releasable_fields: list[str] | None = None,
+        tenant_filter_at: str | None = None,
+        tenant_filter: Any = None,
+        tenant_filter_alone: Any = None,
     ) -> None:
+        """Raises ValueError naming the option that is wrong.
+
+        ``hit_fields`` (hits layout only) are keys of a hit that are the
+        API's own, not the document's (a score, a rank): they go out as they
+        are, substitutes too. ``hashed_fields`` and ``releasable_fields``
+        (hits layout only) are dotted paths within a hit to document fields.
+        The ``tenant_filter`` options are ``generic_request``'s.
+        """
         self.name = checked_name(name)
         self._routes = checked_routes(routes)
         self._layout = checked_layout(
-            hits, id, text, ids, texts, parallel, count_fields, remove_fields
+            hits, id, text, ids, texts, parallel, count_fields, keep_fields, remove_fields
         )
-        self._hit_layout = _hit_layout(self._layout)
+        fields = ReleasedFields.from_options(hashed_fields, releasable_fields)
+        self._hit_layout = _hit_layout(self._layout, fields, strings("hit_fields", hit_fields))
+        self._tenant_filter = checked_tenant_filter(
+            tenant_filter_at, tenant_filter, tenant_filter_alone
+        )
 
     def route_kind(self, route: Route) -> RouteKind | None:
         """FILTERED for the configured routes; None otherwise (nothing else is known)."""
@@ -199,11 +245,12 @@ class GenericFormat(ResponseAdapter[Layout]):
 
     def _read(self, document: Any, shape: Layout) -> _GenericBody:
         found = _lists(shape.lists, document)
+        nulls: list[Path] = []
         if shape.hit_id is not None:
             columns = [[_Column(match.path, match.value, "hit")] for match in found]
             rows = [match.value for match in found]
         else:
-            columns, rows = _columns(shape, document, found)
+            columns, rows, nulls = _columns(shape, document, found)
         hits = Hits(self._hit_layout)
         lists: list[_HitList] = []
         for match, list_columns, list_rows in zip(found, columns, rows, strict=True):
@@ -211,21 +258,53 @@ class GenericFormat(ResponseAdapter[Layout]):
             for row in list_rows:
                 hits.add(row)
             lists.append(_HitList(start, match.indexes, list_rows, tuple(list_columns)))
-        return _GenericBody(hits, document, tuple(lists), _fields(shape, document, lists))
+        empties = (
+            path
+            for selector in (shape.lists, *([shape.texts] if shape.texts else []), *shape.parallel)
+            for path in _empty_arrays(selector, document)
+        )
+        return _GenericBody(
+            hits,
+            document,
+            tuple(lists),
+            tuple(nulls),
+            tuple(dict.fromkeys(empties)),
+            _fields(shape, document, lists),
+        )
 
 
-def _hit_layout(layout: Layout) -> HitLayout:
+def _hit_layout(layout: Layout, fields: ReleasedFields, hit_fields: list[str]) -> HitLayout:
     """Where a hit keeps its id and text: the selectors' fields, or the rows of the
-    ids and texts arrays."""
+    ids and texts arrays. A hit is its own free-form object."""
     if layout.hit_id is not None and layout.hit_text is not None:
         hit_id, hit_text = layout.hit_id, layout.hit_text
+        # The marker goes next to the text, in the hit's own object for it.
+        marker = _names(hit_text)[:-1]
+        # A hit field holding the id, the text or a declared field would
+        # release the object around them whole.
+        holders = {
+            path[0]
+            for path in (_names(hit_id), _names(hit_text), *fields.hashed, *fields.releasable)
+        }
+        for name in hit_fields:
+            if not name or name in holders:
+                raise ValueError(
+                    f"hit_fields: {name!r} is empty or holds the id, the text or a declared field"
+                )
         return HitLayout(
             "hit",
             Field(_names(hit_id), f"hit field {hit_id.text!r}"),
             Field(_names(hit_text), f"hit field {hit_text.text!r}"),
-            # The marker goes next to the text, in the hit's own object for it.
-            _names(hit_text)[:-1],
+            marker,
             _id_like,
+            frozenset(hit_fields),
+            # The marker goes out with the hit wherever it sits.
+            ReleasedFields(fields.hashed, (*fields.releasable, (*marker, SUBSTITUTED_FOR))),
+        )
+    if fields.hashed or fields.releasable or hit_fields:
+        raise ValueError(
+            "hit_fields, hashed_fields, releasable_fields: only with hits; "
+            "the parallel arrays go out as configured"
         )
     assert layout.texts is not None  # the parallel layout
     return HitLayout(
@@ -234,6 +313,7 @@ def _hit_layout(layout: Layout) -> HitLayout:
         Field(("text",), f"entry of {layout.texts.text!r}"),
         None,
         _id_like,
+        frozenset(),
     )
 
 
@@ -244,15 +324,19 @@ def _names(selector: Selector) -> tuple[str, ...]:
 
 def _columns(
     layout: Layout, document: Any, ids: Sequence[Match]
-) -> tuple[list[list[_Column]], list[list[Any]]]:
-    """Per ids array: it and the arrays aligned with it; the rows of its ids and texts."""
+) -> tuple[list[list[_Column]], list[list[Any]], list[Path]]:
+    """Per ids array: it and the arrays aligned with it; the rows of its ids and texts;
+    and where an aligned array is null."""
     assert layout.texts is not None  # the parallel layout
     columns = [[_Column(match.path, match.value, "id")] for match in ids]
     texts: list[list[Any]] = [[None] * len(match.value) for match in ids]
+    nulls: list[Path] = []
     roles: list[tuple[Selector, _Role]] = [(layout.texts, "text")]
     roles += [(selector, "other") for selector in layout.parallel]
     for selector, role in roles:
-        for i, array in enumerate(_paired(selector, document, ids)):
+        paired, null_paths = _paired(selector, document, ids)
+        nulls += null_paths
+        for i, array in enumerate(paired):
             if array is not None:
                 columns[i].append(_Column(array.path, array.value, role))
                 if role == "text":
@@ -261,7 +345,19 @@ def _columns(
         [{"id": entry, "text": text} for entry, text in zip(match.value, list_texts, strict=True)]
         for match, list_texts in zip(ids, texts, strict=True)
     ]
-    return columns, rows
+    return columns, rows, nulls
+
+
+def _empty_arrays(selector: Selector, document: Any) -> list[Path]:
+    """The empty arrays that the ``[*]`` steps of ``selector`` above its hit lists
+    (or aligned arrays) meet: the rebuilt body keeps them, empty."""
+    return [
+        match.path
+        for i, step in enumerate(selector.steps[:-1])
+        if step is EACH
+        for match in selector.head(i).find(document)
+        if match.value == []
+    ]
 
 
 def _lists(selector: Selector, document: Any) -> list[Match]:
@@ -272,19 +368,22 @@ def _lists(selector: Selector, document: Any) -> list[Match]:
     return found
 
 
-def _paired(selector: Selector, document: Any, ids: Sequence[Match]) -> list[Match | None]:
-    """For each ids array, the array of ``selector`` whose [*] steps took the same indexes.
+def _paired(
+    selector: Selector, document: Any, ids: Sequence[Match]
+) -> tuple[list[Match | None], list[Path]]:
+    """For each ids array, the array of ``selector`` whose [*] steps took the same
+    indexes, and where nulls stand for arrays.
 
     None where a null stands for it (the API left that data out). Every array
     must pair with an ids array of its length, and every ids array with an
     array or a null: an unpaired or misaligned array would keep entries of
     removed hits, or is not the configured shape.
     """
-    nulls: list[tuple[int, ...]] = []
+    nulls: list[Match] = []
     arrays: dict[tuple[int, ...], Match] = {}
     for match in selector.head(len(selector.steps) - 1).require(document, allow_null=True):
         if match.value is None:
-            nulls.append(match.indexes)
+            nulls.append(match)
         elif isinstance(match.value, list):
             arrays[match.indexes] = match
         else:
@@ -292,25 +391,27 @@ def _paired(selector: Selector, document: Any, ids: Sequence[Match]) -> list[Mat
     paired: list[Match | None] = []
     for id_array in ids:
         array = arrays.pop(id_array.indexes, None)
-        if array is None and not any(id_array.indexes[: len(n)] == n for n in nulls):
+        if array is None and not any(
+            id_array.indexes[: len(n.indexes)] == n.indexes for n in nulls
+        ):
             raise MalformedBody(f"{selector.text!r} has no array for some ids")
         if array is not None and len(array.value) != len(id_array.value):
             raise MalformedBody(f"{selector.text!r} is not aligned with the ids")
         paired.append(array)
     if arrays:
         raise MalformedBody(f"{selector.text!r} has more arrays than the ids")
-    return paired
+    return paired, [null.path for null in nulls]
 
 
 def _fields(layout: Layout, document: Any, lists: Sequence[_HitList]) -> _Fields:
     counts = tuple(
-        _Count(match.path, _enclosed(match.indexes, lists))
+        _Count(match.path, _enclosed(match.indexes, lists), null=match.value is None)
         for selector in layout.counts
         for match in selector.find(document)
         if _is_count(match.value, selector)
     )
-    removes = tuple(match.path for s in layout.removes for match in s.find(document))
-    return _Fields(counts, removes)
+    kept = tuple(match for selector in layout.keeps for match in selector.find(document))
+    return _Fields(counts, kept)
 
 
 def _enclosed(indexes: tuple[int, ...], lists: Sequence[_HitList]) -> tuple[int, ...]:
@@ -321,9 +422,7 @@ def _enclosed(indexes: tuple[int, ...], lists: Sequence[_HitList]) -> tuple[int,
 
 
 def _is_count(value: Any, selector: Selector) -> bool:
-    """True for a count to set; False for a null one (left alone); MalformedBody otherwise."""
-    if value is None:
-        return False
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    """True for a count (a number, or a null left null); MalformedBody otherwise."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
         raise MalformedBody(f"{selector.text!r} is not a number")
     return True

@@ -63,7 +63,8 @@ class RouteTemplate:
         )
 
 
-def _selector(option: str, value: object) -> Selector:
+def selector_option(option: str, value: object) -> Selector:
+    """The selector of ``option``, parsed; ValueError naming the option."""
     if not isinstance(value, str):
         raise ValueError(f"{option}: expected a selector string")
     try:
@@ -82,14 +83,16 @@ def strings(option: str, value: object) -> list[str]:
 
 
 def _hit_list(option: str, value: object) -> Selector:
-    selector = _selector(option, value)
+    selector = selector_option(option, value)
     if not selector.steps or selector.steps[-1] is not EACH:
         raise ValueError(f"{option}: selector {selector.text!r} must end with [*]")
     return selector
 
 
-def _field(option: str, value: object, *, relative: bool) -> Selector:
-    selector = _selector(option, value)
+def field_option(option: str, value: object, *, relative: bool) -> Selector:
+    """A selector of ``option`` that ends with a field name (and has no ``[*]`` when
+    ``relative``, for one value of a hit); ValueError naming the option."""
+    selector = selector_option(option, value)
     if not selector.steps or selector.steps[-1] is EACH:
         raise ValueError(f"{option}: selector {selector.text!r} must end with a field name")
     if relative and selector.wildcards:
@@ -107,7 +110,22 @@ class Layout:
     texts: Selector | None  # parallel layout
     parallel: tuple[Selector, ...]
     counts: tuple[Selector, ...]
-    removes: tuple[Selector, ...]
+    keeps: tuple[Selector, ...]
+
+
+def _enclosing(option: str, selector: Selector, lists: Selector) -> Selector:
+    """``selector``, checked to take only the ``[*]`` steps above the hit lists.
+
+    Then each place it matches encloses whole hit lists (a count counts
+    them) and lies on a path that the rebuilt body has anyway.
+    """
+    container = lists.head(len(lists.steps) - 1)
+    last_each = max((i for i, s in enumerate(selector.steps) if s is EACH), default=-1)
+    if not container.startswith(selector.head(last_each + 1)):
+        raise ValueError(
+            f"{option}: selector {selector.text!r} does not enclose the hit lists of {lists.text!r}"
+        )
+    return selector
 
 
 def checked_layout(
@@ -118,9 +136,14 @@ def checked_layout(
     texts: str | None,
     parallel: Sequence[str],
     count_fields: Sequence[str],
+    keep_fields: Sequence[str],
     remove_fields: Sequence[str],
 ) -> Layout:
-    """The selectors of a generic format, checked; raises ValueError naming the option."""
+    """The selectors of a generic format, checked; raises ValueError naming the option.
+
+    ``remove_fields`` are checked and then have no effect: everything the
+    other selectors do not name is left out of a filtered body anyway.
+    """
     parallel_texts = strings("parallel", parallel)
     layout_id: Selector | None = None
     layout_text: Selector | None = None
@@ -129,8 +152,8 @@ def checked_layout(
         if hit_id is None or hit_text is None:
             raise ValueError("id, text: both are needed with hits")
         lists = _hit_list("hits", hits)
-        layout_id = _field("id", hit_id, relative=True)
-        layout_text = _field("text", hit_text, relative=True)
+        layout_id = field_option("id", hit_id, relative=True)
+        layout_text = field_option("text", hit_text, relative=True)
     elif ids is not None and hits is None and hit_id is None and hit_text is None:
         if texts is None:
             raise ValueError("texts: needed with ids")
@@ -145,31 +168,27 @@ def checked_layout(
                 )
     else:
         raise ValueError("hits, ids: give either hits, id and text, or ids, texts and parallel")
-    counts = {
-        f"count_fields[{i}]": _field(f"count_fields[{i}]", item, relative=False)
-        for i, item in enumerate(strings("count_fields", count_fields))
+    outside = {
+        name: {
+            f"{name}[{i}]": _enclosing(
+                f"{name}[{i}]", field_option(f"{name}[{i}]", item, relative=False), lists
+            )
+            for i, item in enumerate(strings(name, values))
+        }
+        for name, values in (("count_fields", count_fields), ("keep_fields", keep_fields))
     }
     removes = {
-        f"remove_fields[{i}]": _field(f"remove_fields[{i}]", item, relative=False)
+        f"remove_fields[{i}]": field_option(f"remove_fields[{i}]", item, relative=False)
         for i, item in enumerate(strings("remove_fields", remove_fields))
     }
-    container = lists.head(len(lists.steps) - 1)
-    for option, selector in counts.items():
-        # The count's own [*] steps must be those above the hit lists, so
-        # that each count encloses whole hit lists.
-        last_each = max((i for i, s in enumerate(selector.steps) if s is EACH), default=-1)
-        if not container.startswith(selector.head(last_each + 1)):
-            raise ValueError(
-                f"{option}: selector {selector.text!r} does not enclose the hit lists "
-                f"of {lists.text!r}"
-            )
-    # Every array that is filtered, every count that is set and every field
-    # that is removed must be a separate place in the body: an edit inside
-    # another would be lost or would undo it.
+    # Every array that is filtered, every count that is set, every value
+    # kept and every field that is removed must be a separate place in the
+    # body: one inside another would be lost or contradict it.
     places = {
-        "hits" if hits is not None else "ids": container,
+        "hits" if hits is not None else "ids": lists.head(len(lists.steps) - 1),
         **{option: s.head(len(s.steps) - 1) for option, s in aligned.items()},
-        **counts,
+        **outside["count_fields"],
+        **outside["keep_fields"],
         **removes,
     }
     options = list(places)
@@ -186,8 +205,8 @@ def checked_layout(
         layout_text,
         aligned.get("texts"),
         tuple(selector for option, selector in aligned.items() if option != "texts"),
-        tuple(counts.values()),
-        tuple(removes.values()),
+        tuple(outside["count_fields"].values()),
+        tuple(outside["keep_fields"].values()),
     )
 
 

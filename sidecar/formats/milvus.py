@@ -5,42 +5,57 @@ an envelope ``{"code": 0, "data": [...], "cost": ...}``. The four filtered
 endpoints return ``data`` as a flat list of rows, one per hit: the primary
 key, the requested output fields and, for searches, ``distance``. A search
 with several query vectors concatenates their hits and says in ``topks`` how
-many rows belong to each query (``recalls``, when present, has one entry per
-query and is kept as it is). A failure is a non-zero ``code`` with a
-``message`` and no rows; it is passed on untouched, byte for byte.
+many rows belong to each query.
 
-The chunk id and text are the output fields ``id_field`` (default ``"id"``)
-and ``text_field`` of a row. Rows are the only free-form object of a hit
-(dynamic fields are flattened into them), so a substitute's marker sits next
-to its output fields; its id is a number where the key it replaces is one
-(Int64 primary keys).
+The body that goes out is rebuilt from what the gate knows, nothing else:
+
+- ``code`` as it came (0, or 200 of the 2.3 reference);
+- ``data``: the kept rows, each with only the chunk id and text fields,
+  ``distance``/``score``, and the declared ``hashed_fields`` and
+  ``releasable_fields`` (a row is its own free-form object: output fields
+  and dynamic fields sit side by side); at most the over-fetched request's
+  ``limit`` rows per query vector;
+- ``topks`` recounted per query vector (null stays null);
+- ``cost`` set to 0 where present: it measures work over every tenant's
+  rows, and 0 is what Milvus itself reports when it does not measure.
+
+``recalls``, the storage counters (``scannedRemoteBytes`` ...) and anything
+else are dropped: they describe the unfiltered search. A failure (a
+non-zero ``code`` with no rows, answered with HTTP 200) is rendered as
+``{"code": <code>, "message": "retrieval_gate: the database answered an
+error"}``: the code is Milvus' error class (``merr``), which clients use to
+tell a retry from a bad request; the message can quote the request's
+expression, field names and values, so it never reaches the client.
+
+The chunk id and text are the row fields ``id_field`` (default ``"id"``, the
+primary key of quick-setup collections) and ``text_field``. A substitute's
+marker sits next to its fields; its id is a number where the key it
+replaces is one (Int64 primary keys).
 
 Shapes follow the Milvus RESTful v2 reference (milvus.io/api-reference/restful)
 and the proxy's REST handler (milvus-io/milvus,
-internal/distributed/proxy/httpserver/handler_v2.go).
+internal/distributed/proxy/httpserver/handler_v2.go). Requests are
+rewritten by ``milvus_request``.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Final, NamedTuple
-
-import orjson
+from typing import Any, Final
 
 from sidecar.core.hits import Route, RouteKind
-from sidecar.formats.base import (
-    MalformedBody,
-    ResponseAdapter,
-    id_field_option,
-    load_object,
-    text_field_option,
-)
+from sidecar.formats.base import MalformedBody, ResponseAdapter, id_field_option, text_field_option
 from sidecar.formats.body import HitBody, Selection
-from sidecar.formats.hits import Field, HitLayout, Hits
+from sidecar.formats.hits import Field, HitLayout, Hits, ReleasedFields
+from sidecar.formats.milvus_request import MilvusRequests
 
 # The primary key field of Milvus' quick-setup collections.
 _DEFAULT_ID_FIELD: Final = "id"
+# A row's own keys beside its fields: the search's distance (a score in
+# some versions). The id and text fields go out as the layout's own.
+_ROW_KEYS: Final = frozenset({"distance", "score"})
+ERROR_MESSAGE: Final = "retrieval_gate: the database answered an error"
 
 # v2 reports success as 0; the 2.3 reference documents 200.
 _SUCCESS: Final = frozenset({0, 200})
@@ -85,38 +100,46 @@ def _typed_like(old: Any, chunk_id: str) -> Any:
 
 @dataclass(eq=False)
 class _Rows(HitBody):
-    """A response with rows; ``topks`` is recounted per query vector."""
+    """A response with rows: ``groups`` rows per query vector, in order.
 
-    document: dict[str, Any]
-    topks: tuple[int, ...] | None
+    ``topks`` is how the body said so: a list (recounted), None for a null
+    (kept null), or absent. Each group keeps at most the request's limit.
+    """
+
+    code: int
+    rows: list[Any]
+    groups: tuple[int, ...]
+    topks: str  # "list", "null" or "absent"
+    cost: bool  # the body had a cost
 
     def _rebuild(self, selection: Selection) -> dict[str, Any]:
-        document = {**self.document, "data": selection.sent(self.document["data"], 0)}
-        if self.topks is not None:
-            counts: list[int] = []
-            start = 0
-            for topk in self.topks:
-                counts.append(len(selection.kept(range(start, start + topk))))
-                start += topk
-            document["topks"] = counts
+        limit = selection.limits[0]
+        sent: list[Any] = []
+        counts: list[int] = []
+        start = 0
+        for size in self.groups:
+            kept = selection.kept(range(start, start + size))[:limit]
+            sent.extend(selection.send(position, self.rows[position]) for position in kept)
+            counts.append(len(kept))
+            start += size
+        # Keys in Milvus' order (Go maps are written sorted).
+        document: dict[str, Any] = {"code": self.code}
+        if self.cost:
+            document["cost"] = 0
+        document["data"] = sent
+        if self.topks != "absent":
+            document["topks"] = counts if self.topks == "list" else None
         return document
 
 
 @dataclass(eq=False)
-class _Untouched(HitBody):
-    """An error envelope: no rows, sent exactly as it came."""
+class _Error(HitBody):
+    """An error answer: no rows; the gate's message in place of Milvus'."""
 
-    body: bytes
+    code: int
 
-    def _rebuild(self, selection: Selection) -> orjson.Fragment:
-        return orjson.Fragment(self.body)
-
-
-class _Loaded(NamedTuple):
-    """A decoded body and its bytes, which an error envelope is passed on as."""
-
-    document: dict[str, Any]
-    body: bytes
+    def _rebuild(self, selection: Selection) -> dict[str, Any]:
+        return {"code": self.code, "message": ERROR_MESSAGE}
 
 
 def _topks(value: Any, rows: int) -> tuple[int, ...]:
@@ -130,8 +153,8 @@ def _topks(value: Any, rows: int) -> tuple[int, ...]:
     return tuple(value)
 
 
-class MilvusFormat(ResponseAdapter[str]):
-    """Adapter for the Milvus RESTful API v2.
+class MilvusFormat(ResponseAdapter[str], MilvusRequests):
+    """Adapter for the Milvus RESTful API v2: filters responses, rewrites search requests.
 
     ``id_field`` defaults to ``"id"``: name the collection's primary key
     field, or any output field holding chunk ids. Requests must list both
@@ -140,7 +163,18 @@ class MilvusFormat(ResponseAdapter[str]):
 
     name = "milvus"
 
-    def __init__(self, *, text_field: str = "text", id_field: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        text_field: str = "text",
+        id_field: str | None = None,
+        hashed_fields: list[str] | None = None,
+        releasable_fields: list[str] | None = None,
+    ) -> None:
+        """``hashed_fields`` and ``releasable_fields`` name the row fields (dotted paths
+        into JSON fields) that go out beside the text and id: checked against the chunk
+        record's ``payload_sha256``, or unverified. Every other field is dropped; the
+        primary key too when it is not ``id_field`` (list it as releasable)."""
         self.text_field = text_field_option(text_field)
         self.id_field = id_field_option(id_field) or _DEFAULT_ID_FIELD
         if self.id_field == self.text_field:
@@ -151,6 +185,8 @@ class MilvusFormat(ResponseAdapter[str]):
             Field((self.text_field,), f"field {self.text_field!r}"),
             (),
             _typed_like,
+            _ROW_KEYS,
+            ReleasedFields.from_options(hashed_fields, releasable_fields),
         )
 
     def route_kind(self, route: Route) -> RouteKind | None:
@@ -190,28 +226,40 @@ class MilvusFormat(ResponseAdapter[str]):
             return None
         return _segments(route)[-1]
 
-    def _load(self, body: bytes, shape: str) -> _Loaded:
-        return _Loaded(load_object(body), body)
-
-    def _read(self, document: _Loaded, shape: str) -> HitBody:
-        """An error envelope (non-zero ``code``, no rows) parses to a body without
-        candidates that renders as the original bytes."""
-        envelope = document.document
-        code = envelope.get("code")
+    def _read(self, document: dict[str, Any], shape: str) -> HitBody:
+        """An error answer (non-zero ``code``, no rows) parses to a body without
+        candidates that renders as the gate's error."""
+        code = document.get("code")
         if isinstance(code, bool) or not isinstance(code, int):
             raise MalformedBody("no integer 'code' in body")
-        rows = envelope.get("data")
+        rows = document.get("data")
         hits = Hits(self._layout)
         if code != 0 and rows in (None, [], {}):
-            return _Untouched(hits, document.body)
+            return _Error(hits, code, sub_results=1)
         if code not in _SUCCESS:
             raise MalformedBody("an error code in a body with rows")
-        if "aggTopks" in envelope:
+        if "aggTopks" in document:
             # Search aggregation nests hits in buckets: a shape not read here.
             raise MalformedBody("search aggregation results are not supported")
         if not isinstance(rows, list):
             raise MalformedBody("'data' is not a list of rows")
-        # A null topks (Go's nil slice) says nothing to keep consistent.
-        topks = None if envelope.get("topks") is None else _topks(envelope["topks"], len(rows))
+        topks = document.get("topks", _ABSENT)
+        if topks is _ABSENT or topks is None:
+            # A null topks (Go's nil slice) says nothing to keep consistent:
+            # the rows are one group.
+            groups: tuple[int, ...] = (len(rows),)
+        else:
+            groups = _topks(topks, len(rows))
         hits.add_list(rows, "'data' is not a list of rows")
-        return _Rows(hits, envelope, topks)
+        return _Rows(
+            hits,
+            code,
+            rows,
+            groups,
+            "absent" if topks is _ABSENT else "null" if topks is None else "list",
+            "cost" in document,
+            sub_results=1,
+        )
+
+
+_ABSENT: Final = object()

@@ -9,6 +9,13 @@ exactly their meaning. ``points/query`` also gets the condition in every
 prefetch, at every depth: prefetch results are the candidates of the final
 query, and another tenant's points must not take their places.
 
+With push-down, a request that uses a point id as a query example (recommend
+``positive``/``negative``, discover ``target``/``context``, a query that is an
+id or recommends, discovers or searches near one, at any prefetch depth) is
+refused: Qdrant looks the point up by id whatever the filter says, so the
+answer (results, or its 404 for a missing id) would tell whether another
+tenant's point exists and, through the results, where its vector lies.
+
 Over-fetch multiplies a request's ``limit`` (the number of groups, for the
 groups endpoints; ``group_size`` is left alone) so that hits the response
 check rejects can be replaced; ``RequestRewrite.limits`` remembers what the app
@@ -35,7 +42,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from sidecar.core.hits import Route
-from sidecar.formats.base import MalformedRequest
+from sidecar.formats.base import MalformedRequest, UnfilterableRequest
 from sidecar.formats.rewriter import SearchRewriter
 
 
@@ -113,11 +120,28 @@ class QdrantRequests(SearchRewriter[_Endpoint]):
     def _push_down(
         self, request: dict[str, Any], endpoint: _Endpoint, tenant_key: str, tenant: str
     ) -> None:
+        _refuse_point_examples(request)
         condition = {"key": tenant_key, "match": {"value": tenant}}
         _add_condition(request, condition)
         if endpoint.has_prefetch:
             for prefetch in _prefetches(request):
                 _add_condition(prefetch, condition)
+
+    def _names_collections(self, endpoint: _Endpoint) -> bool:
+        return True
+
+    def _collections(self, request: dict[str, Any]) -> list[str]:
+        """``lookup_from`` (of the request and its prefetches) and ``with_lookup``:
+        other collections whose points or vectors the request reads."""
+        names = []
+        for holder in [request, *_prefetches(request)]:
+            lookup_from = holder.get("lookup_from")
+            if lookup_from is not None:
+                names.append(_collection_name(lookup_from, "lookup_from"))
+        with_lookup = request.get("with_lookup")
+        if with_lookup is not None:
+            names.append(_collection_name(with_lookup, "with_lookup"))
+        return names
 
     def _overfetches(self, endpoint: _Endpoint) -> bool:
         return bool(endpoint.limit_fields)
@@ -143,6 +167,56 @@ def _add_condition(request: dict[str, Any], condition: dict[str, Any]) -> None:
         request["filter"] = {"must": [condition, app_filter]}
     else:
         raise MalformedRequest("'filter' is not a JSON object")
+
+
+# How a field holds examples (vectors, documents, or point ids Qdrant looks up):
+# one example (or an object of more fields), a list of examples, or objects
+# (and lists of objects) with example fields.
+_EXAMPLE_FIELDS: Final[Mapping[str, str]] = {
+    "query": "one",
+    "nearest": "one",
+    "target": "one",
+    "positive": "list",
+    "negative": "list",
+    "recommend": "nested",
+    "discover": "nested",
+    "context": "nested",
+}
+
+
+def _refuse_point_examples(request: dict[str, Any]) -> None:
+    """Raise UnfilterableRequest when ``request`` (or a prefetch) uses a point id as an example.
+
+    An id is an integer or a string; vectors are arrays, documents and sparse
+    vectors objects. A stack rather than recursion: the depth is the client's.
+    """
+    pending: list[tuple[Any, str]] = [
+        (holder, "nested") for holder in [request, *_prefetches(request)]
+    ]
+    while pending:
+        value, kind = pending.pop()
+        if kind == "list" and isinstance(value, list):
+            pending.extend((item, "one") for item in value)
+        elif isinstance(value, dict):
+            pending.extend(
+                (value[key], how) for key, how in _EXAMPLE_FIELDS.items() if key in value
+            )
+        elif kind == "nested" and isinstance(value, list):
+            pending.extend((item, "nested") for item in value)
+        elif isinstance(value, str) or (type(value) is int):
+            raise UnfilterableRequest(
+                "request_not_filterable",
+                "a point id as a query example is looked up past the tenant filter; "
+                "send its vector instead",
+            )
+
+
+def _collection_name(value: Any, field: str) -> str:
+    """The collection of a ``lookup_from`` or ``with_lookup`` (a name, or an object with one)."""
+    name = value.get("collection") if isinstance(value, dict) else value
+    if not isinstance(name, str) or not name:
+        raise MalformedRequest(f"{field!r} names no collection")
+    return name
 
 
 def _prefetches(request: dict[str, Any]) -> Iterator[dict[str, Any]]:

@@ -9,11 +9,12 @@ detection would guess wrong.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from sidecar.core.hits import Route, RouteKind, path_under
-from sidecar.formats.base import ResponseFormat
+from sidecar.formats.base import NamesCollections, ResponseFormat
 from sidecar.formats.chroma import ChromaFormat
 from sidecar.formats.elasticsearch import ElasticsearchFormat
 from sidecar.formats.generic import GenericFormat
@@ -33,6 +34,15 @@ BUILT_IN: Final[Mapping[str, Callable[..., ResponseFormat]]] = {
     "elasticsearch": ElasticsearchFormat,
 }
 GENERIC = "generic"
+
+
+_COLLECTION = re.compile(r"/collections/([^/?]+)")
+
+
+def path_collections(route: Route) -> list[str]:
+    """The collection a vector-DB path names (``/collections/{name}/...``), if any."""
+    match = _COLLECTION.search(route.path)
+    return [match.group(1)] if match else []
 
 
 # For routes that several formats claim: the strictest answer wins.
@@ -93,6 +103,19 @@ class FormatTable:
         """What ``route`` does, by the format that knows it; None if none does."""
         found = self.classify(route)
         return None if found is None else found[1]
+
+    def collections(self, route: Route) -> list[str]:
+        """The collections (names or patterns) ``route``'s path names, for the request policy.
+
+        The format that knows the route says, where it can (an Elasticsearch
+        index expression); otherwise the ``/collections/{name}`` segment.
+        """
+        found = self.classify(route)
+        if found is not None and isinstance(found[0], NamesCollections):
+            names = found[0].route_collections(route)
+            if names is not None:
+                return names
+        return path_collections(route)
 
     def response_format(self, route: Route) -> ResponseFormat | None:
         """The format whose responses on ``route`` must be filtered, or None to pass them."""

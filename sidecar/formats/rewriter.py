@@ -13,7 +13,9 @@ for. A database supplies, in a small subclass:
 - ``_push_down(request, endpoint, tenant_key, tenant)``: AND the tenant
   condition into one request's filter;
 - ``_overfetches(endpoint)`` and ``_limit(request, endpoint)``: whether, and
-  through which field, a request's limit may be raised.
+  through which field, a request's limit may be raised;
+- ``_collections(request, endpoint)`` where a request can name collections
+  beyond its path (for the request policy's ownership check).
 """
 
 from __future__ import annotations
@@ -63,13 +65,21 @@ class SearchRewriter(ABC, Generic[EndpointT]):
         if not math.isfinite(overfetch_factor):
             raise ValueError("overfetch_factor is not a finite number")
         overfetch = overfetch_factor > 1 and self._overfetches(endpoint)
-        if tenant_key is None and not overfetch:
+        names = self._names_collections(endpoint)
+        if tenant_key is None and not overfetch and not names:
             return _unchanged(body)
         factor = Decimal(repr(overfetch_factor)) if overfetch else None
 
         document = _load(body)
+        requests = self._sub_requests(document, endpoint)
+        # Read before the rewrite: what the app named, not what the gate adds.
+        collections = tuple(
+            dict.fromkeys(name for request in requests for name in self._collections(request))
+        )
+        if tenant_key is None and not overfetch:
+            return RequestRewrite(body, (), False, False, collections)
         limits: list[int | None] = []
-        for request in self._sub_requests(document, endpoint):
+        for request in requests:
             if tenant_key is not None:
                 self._push_down(request, endpoint, tenant_key, tenant)
             limits.append(
@@ -84,6 +94,7 @@ class SearchRewriter(ABC, Generic[EndpointT]):
             tuple(limits) if overfetched else (),
             tenant_filter=tenant_key is not None,
             overfetched=overfetched,
+            collections=collections,
         )
 
     @abstractmethod
@@ -108,6 +119,17 @@ class SearchRewriter(ABC, Generic[EndpointT]):
     def _limit(self, request: dict[str, Any], endpoint: EndpointT) -> tuple[str, Any] | None:
         """The field holding the number of results ``request`` asks for, and that number
         (the database's default where the field is absent); None to leave it alone."""
+
+    def _names_collections(self, endpoint: EndpointT) -> bool:
+        """True when requests of ``endpoint`` can name collections beyond the path."""
+        return False
+
+    def _collections(self, request: dict[str, Any]) -> list[str]:
+        """The collections one (sub-)request names beyond the path.
+
+        Raises MalformedRequest when a place that names one holds no name.
+        """
+        return []
 
     def _overfetch(
         self, request: dict[str, Any], endpoint: EndpointT, factor: Decimal, cap: int
