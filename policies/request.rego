@@ -20,30 +20,69 @@ denials := sort(checks - passed)
 #   data.retrieval_gate.collections = {"sops": {"tenants": ["acme"]}}
 # A collection described there is reserved to its tenants; a collection not
 # described is open to every caller, and without the data nothing is described.
+# Qdrant aliases are names like any other: describe an alias of a reserved
+# collection too.
 default collections := {}
 
 collections := data.retrieval_gate.collections
 
-# Routes that name no collection have nothing to own.
-passed contains "COLLECTION_FORBIDDEN" if input.collection == null
+# input.collections holds every collection the request names: in its path, and
+# in its body (lookup collections, GraphQL classes, multi-search lines). An
+# entry may be a pattern (Elasticsearch wildcards; "*" for every index): a
+# pattern passes only if every described collection it matches is the
+# caller's. The request passes when every entry passes; a route that names
+# none (an empty array) has nothing to own.
+passed contains "COLLECTION_FORBIDDEN" if {
+	is_array(input.collections)
+	every name in input.collections {
+		collection_allowed(name)
+	}
+}
+
+collection_allowed(name) if {
+	is_string(name)
+	not is_pattern(name)
+	undescribed(name)
+}
+
+collection_allowed(name) if {
+	is_string(name)
+	not is_pattern(name)
+	owned(name)
+}
+
+collection_allowed(name) if {
+	is_string(name)
+	is_pattern(name)
+	is_object(collections)
+	every described, _ in collections {
+		pattern_spares(name, described)
+	}
+}
+
+is_pattern(name) if contains(name, "*")
+
+is_pattern(name) if contains(name, "?")
 
 # Undescribed only when the data is an object without this key: data that is
 # not an object cannot prove that the collection is undescribed.
-passed contains "COLLECTION_FORBIDDEN" if {
-	is_string(input.collection)
+undescribed(name) if {
 	is_object(collections)
-	not input.collection in object.keys(collections)
+	not name in object.keys(collections)
 }
 
-passed contains "COLLECTION_FORBIDDEN" if {
-	is_string(input.collection)
-	tenants := collections[input.collection].tenants
+owned(name) if {
+	tenants := collections[name].tenants
 	is_array(tenants)
 	tenant := input.caller.tenant
 	is_string(tenant)
 	tenant != ""
 	tenant in tenants
 }
+
+pattern_spares(pattern, described) if not glob.match(pattern, [], described)
+
+pattern_spares(pattern, described) if owned(described)
 
 # Routes. The gate filters what searches return, so by default a caller may
 # use only routes whose responses the gate filters ("filtered") or that return

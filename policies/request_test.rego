@@ -12,7 +12,7 @@ search := {
 	"caller": caller,
 	"method": "POST",
 	"path": "/collections/sops/points/search",
-	"collection": "sops",
+	"collections": ["sops"],
 	"route_kind": "filtered",
 }
 
@@ -38,11 +38,11 @@ test_owner_tenant_is_allowed if denials_with({}, owned) == []
 test_any_listed_tenant_is_allowed if denials_for_caller({"tenant": "initech"}) == []
 
 test_undescribed_collection_is_allowed if {
-	denials_with({"collection": "public", "path": "/collections/public/points/search"}, owned) == []
+	denials_with({"collections": ["public"], "path": "/collections/public/points/search"}, owned) == []
 }
 
 test_route_without_collection_is_allowed if {
-	denials_with({"collection": null, "method": "GET", "path": "/", "route_kind": "read"}, owned) == []
+	denials_with({"collections": [], "method": "GET", "path": "/", "route_kind": "read"}, owned) == []
 }
 
 test_without_data_everything_is_allowed if {
@@ -93,14 +93,16 @@ test_without_caller if {
 # A missing or mistyped collection in the input denies, even without data
 
 test_missing_collection if {
-	request.denials == ["COLLECTION_FORBIDDEN"] with input as object.remove(search, ["collection"])
+	request.denials == ["COLLECTION_FORBIDDEN"] with input as object.remove(search, ["collections"])
 }
 
 test_numeric_collection if {
-	denials_with({"collection": 0}, [{"tenants": ["acme"]}]) == ["COLLECTION_FORBIDDEN"]
+	denials_with({"collections": [0]}, owned) == ["COLLECTION_FORBIDDEN"]
 }
 
-test_array_collection if denials_with({"collection": ["sops"]}, owned) == ["COLLECTION_FORBIDDEN"]
+test_string_collections if denials_with({"collections": "sops"}, owned) == ["COLLECTION_FORBIDDEN"]
+
+test_null_collections if denials_with({"collections": null}, owned) == ["COLLECTION_FORBIDDEN"]
 
 test_missing_input if {
 	request.denials == ["COLLECTION_FORBIDDEN", "ROUTE_FORBIDDEN"] with input as {}
@@ -119,13 +121,13 @@ test_description_not_an_object if denials_with({}, {"sops": ["acme"]}) == ["COLL
 test_null_description if denials_with({}, {"sops": null}) == ["COLLECTION_FORBIDDEN"]
 
 test_collections_as_array if {
-	denials_with({"collection": "public"}, [{"tenants": ["acme"]}]) == ["COLLECTION_FORBIDDEN"]
+	denials_with({"collections": ["public"]}, [{"tenants": ["acme"]}]) == ["COLLECTION_FORBIDDEN"]
 }
 
-test_collections_as_false if denials_with({"collection": "public"}, false) == ["COLLECTION_FORBIDDEN"]
+test_collections_as_false if denials_with({"collections": ["public"]}, false) == ["COLLECTION_FORBIDDEN"]
 
 test_malformed_data_still_allows_routes_without_collection if {
-	denials_with({"collection": null}, "not an object") == []
+	denials_with({"collections": []}, "not an object") == []
 }
 
 # Method and path do not decide ownership
@@ -199,3 +201,36 @@ test_allow_flags_must_be_true if {
 	route_with("write", {"allow_writes": "yes"}) == ["ROUTE_FORBIDDEN"]
 	route_with("content", {"allow_unfiltered_content": 1}) == ["ROUTE_FORBIDDEN"]
 }
+
+# Several collections: every one must pass
+
+test_every_named_collection_must_pass if {
+	denials_with({"collections": ["sops", "finance"]}, owned) == ["COLLECTION_FORBIDDEN"]
+}
+
+test_several_allowed_collections if denials_with({"collections": ["sops", "public"]}, owned) == []
+
+# Patterns (Elasticsearch wildcards, "*" for every index): allowed only if no
+# described collection of another tenant matches
+
+test_wildcard_over_another_tenants_collection if {
+	denials_with({"collections": ["fin*"]}, owned) == ["COLLECTION_FORBIDDEN"]
+}
+
+test_every_index_covers_reserved_collections if {
+	denials_with({"collections": ["*"]}, owned) == ["COLLECTION_FORBIDDEN"]
+}
+
+test_wildcard_over_own_and_undescribed_collections if {
+	denials_with({"collections": ["so*", "pub*"]}, owned) == []
+}
+
+test_wildcard_for_the_owner if {
+	denials_with({"collections": ["*"], "caller": {"tenant": "globex"}}, {"finance": {"tenants": ["globex"]}}) == []
+}
+
+test_question_mark_is_a_pattern if {
+	denials_with({"collections": ["financ?"]}, owned) == ["COLLECTION_FORBIDDEN"]
+}
+
+test_pattern_with_malformed_data if denials_with({"collections": ["*"]}, ["finance"]) == ["COLLECTION_FORBIDDEN"]

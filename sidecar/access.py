@@ -9,8 +9,7 @@ evaluated refuses too.
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -18,6 +17,7 @@ from sidecar import refusals
 from sidecar.core.caller import Caller, IdentityError
 from sidecar.core.hits import Route, RouteKind
 from sidecar.core.policy import PolicyError
+from sidecar.formats.registry import path_collections
 from sidecar.identity import AuthRequest, IdentityProvider
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 # and never reach the upstream in any mode.
 GATE_HEADER_PREFIX = "x-gate-"
 
-_COLLECTION = re.compile(r"/collections/([^/?]+)")
 # Methods without a request body that ask about a resource rather than use it:
 # HEAD answers with the length and existence of what GET would return, OPTIONS
 # with what a route allows. On routes that return chunks, either is an oracle.
@@ -55,12 +54,6 @@ def path_problem(path: str) -> str | None:
     if any(segment in (".", "..") for segment in path.split("/")):
         return "dot segment in path"
     return None
-
-
-def collection_of(path: str) -> str | None:
-    """The collection named in a vector-DB path (``/collections/{name}/...``), if any."""
-    match = _COLLECTION.search(path)
-    return match.group(1) if match else None
 
 
 class RequestPolicyEvaluator(Protocol):
@@ -98,11 +91,14 @@ class RequestAccess:
         request_policy: RequestPolicyEvaluator | None,
         *,
         route_kind: Callable[[Route], RouteKind | None],
+        collections: Callable[[Route], Sequence[str]] = path_collections,
     ) -> None:
-        """``route_kind`` says what a route does (the format adapters know; None: unknown)."""
+        """``route_kind`` says what a route does (the format adapters know; None: unknown),
+        ``collections`` which collections (names or patterns) its path names."""
         self._identity = identity
         self._request_policy = request_policy
         self._route_kind = route_kind
+        self._collections = collections
 
     async def admit(self, request: AuthRequest) -> Admission:
         """Return the caller and the headers to strip, or raise AccessDenied."""
@@ -120,7 +116,8 @@ class RequestAccess:
             status = 503 if exc.code == "jwks_unavailable" else 401
             raise AccessDenied(status, exc.code) from exc
         if self._request_policy is not None:
-            self._check_policy(caller, request)
+            route = Route(request.method, request.path)
+            self._check_policy(caller, route, self._collections(route))
         strip = {h for h in request.headers if h.startswith(GATE_HEADER_PREFIX)}
         strip.update(self._identity.strip_headers)
         strip.update(h for h in METHOD_OVERRIDE_HEADERS if h in request.headers)
@@ -132,14 +129,26 @@ class RequestAccess:
         probed = _PROBES.get(method, ())
         return any(self._route_kind(Route(m, path)) in _CONTENT_KINDS for m in probed)
 
-    def _check_policy(self, caller: Caller, request: AuthRequest) -> None:
+    def check_body_collections(self, caller: Caller, route: Route, named: Collection[str]) -> None:
+        """Ask the request policy again, now that the body names ``named`` collections too.
+
+        A body can name collections beyond its path (a lookup collection, a
+        GraphQL class, a multi-search line's index); each must pass the same
+        ownership check. Raises AccessDenied.
+        """
+        if self._request_policy is None or not named:
+            return
+        path = list(self._collections(route))
+        self._check_policy(caller, route, [*path, *(n for n in named if n not in path)])
+
+    def _check_policy(self, caller: Caller, route: Route, collections: Sequence[str]) -> None:
         assert self._request_policy is not None
         document = {
             "caller": caller.to_document(),
-            "method": request.method,
-            "path": request.path,
-            "collection": collection_of(request.path),
-            "route_kind": self._route_kind(Route(request.method, request.path)),
+            "method": route.method,
+            "path": route.path,
+            "collections": list(collections),
+            "route_kind": self._route_kind(route),
         }
         try:
             reasons = self._request_policy.evaluate(document)

@@ -47,6 +47,8 @@ class RouteOptions:
     push_down: bool | None = None
     overfetch_factor: float | None = None
     substitute_superseded: bool | None = None
+    # Upstream error bodies (non-2xx) reach the client as the database wrote them.
+    pass_upstream_errors: bool | None = None
     # The one format that owns paths under this prefix (route detection is skipped).
     format: str | None = None
 
@@ -129,6 +131,13 @@ class Settings:
     audience: str | None = field(
         default=None, metadata=about(f"required token audience (aud) {_KEYS}")
     )
+    jwks_relay: str = field(
+        default="127.0.0.1:9902",
+        metadata=about(
+            "where the sidecar serves a JWKS URL's keys, as it accepts them, to Envoy "
+            "(envoy-jwt): loopback ip:port or unix:/path (proxy: a private unix socket)"
+        ),
+    )
     jwt_leeway_seconds: float = field(
         default=30.0, metadata=about("clock skew allowed on exp, nbf and iat")
     )
@@ -144,14 +153,22 @@ class Settings:
     )
     # Request path: push the caller's tenant down into the vector DB query and
     # over-fetch so that filtering does not return short pages.
-    tenant_key: str | None = field(
-        default=None, metadata=about("payload field holding the tenant: enables tenant push-down")
+    tenant_key: str = field(
+        default="tenant",
+        metadata=about(
+            "field of the indexed chunks holding the tenant, for tenant push-down "
+            "(routes without it: push_down = false)"
+        ),
     )
     overfetch_factor: float = field(
         default=1.0, metadata=about("ask the database for this many times k (1: off)")
     )
     overfetch_cap: int = field(
         default=1000, metadata=about("the most hits an over-fetched search asks for")
+    )
+    max_hits: int = field(
+        default=10_000,
+        metadata=about("the most hits one response may carry; a larger one is refused (502)"),
     )
     substitute_superseded: bool = field(
         default=False,
@@ -165,7 +182,7 @@ class Settings:
         default_factory=dict,
         metadata=about(
             "per path prefix: mode, tenant_key, push_down, overfetch_factor, "
-            "substitute_superseded, format",
+            "substitute_superseded, pass_upstream_errors, format",
             file_only="a table of path prefix = {options}",
         ),
     )
@@ -264,6 +281,7 @@ class Settings:
                 if options.substitute_superseded is not None
                 else self.substitute_superseded
             ),
+            pass_upstream_errors=bool(options.pass_upstream_errors),
         )
 
 
@@ -274,6 +292,7 @@ _POSITIVE_INTS = (
     "max_body_bytes",
     "message_timeout_ms",
     "overfetch_cap",
+    "max_hits",
 )
 # A zero TTL would make the cache unusable, not off: a fresh entry must live a while.
 _POSITIVE_FLOATS = ("cache_ttl_seconds", "negative_cache_ttl_seconds")
@@ -296,7 +315,7 @@ def _route_options(value: Any) -> RouteOptions:
         raise ValueError(f"unknown route option {sorted(unknown)[0]!r}")
     if value.get("format") is not None and not isinstance(value["format"], str):
         raise TypeError("format must be a format name")
-    for flag in ("push_down", "substitute_superseded"):
+    for flag in ("push_down", "substitute_superseded", "pass_upstream_errors"):
         if value.get(flag) is not None and not isinstance(value[flag], bool):
             raise TypeError(f"{flag} must be true or false")
     factor = value.get("overfetch_factor")
@@ -306,6 +325,7 @@ def _route_options(value: Any) -> RouteOptions:
         push_down=value.get("push_down"),
         overfetch_factor=None if factor is None else _factor(factor),
         substitute_superseded=value.get("substitute_superseded"),
+        pass_upstream_errors=value.get("pass_upstream_errors"),
         format=value.get("format"),
     )
 

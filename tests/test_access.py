@@ -36,6 +36,7 @@ def admit(method: str, path: str, headers: dict[str, str] | None = None) -> tupl
         "/collections/docs/points/count",  # Qdrant count: content
         "/docs/_search",  # Elasticsearch search: filtered
         "/docs/_doc/1",  # Elasticsearch document by id: content (existence oracle)
+        "/collections/docs",  # Qdrant collection info: filtered (its length counts points)
     ],
 )
 def test_probes_of_routes_that_return_chunks_are_refused(method: str, path: str) -> None:
@@ -48,7 +49,7 @@ def test_probes_of_routes_that_return_chunks_are_refused(method: str, path: str)
 @pytest.mark.parametrize(
     ("method", "path"),
     [
-        ("HEAD", "/collections/docs"),  # GET: collection info
+        ("HEAD", "/collections/docs/exists"),  # GET: whether the collection exists
         ("HEAD", "/"),
         ("OPTIONS", "/"),
         ("OPTIONS", "/docs/_mapping"),
@@ -59,9 +60,9 @@ def test_probes_of_routes_without_chunks_pass(method: str, path: str) -> None:
 
 
 def test_options_is_refused_where_any_method_returns_chunks() -> None:
-    # GET /collections/docs is a read, but a POST there is content.
+    # GET /collections/docs/exists is a read, but a POST there would be content.
     with pytest.raises(AccessDenied):
-        admit("OPTIONS", "/collections/docs")
+        admit("OPTIONS", "/collections/docs/exists")
 
 
 @pytest.mark.parametrize("header", ["x-http-method-override", "x-http-method", "x-method-override"])

@@ -10,10 +10,12 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from sidecar.access import RequestAccess, collection_of
+from sidecar.access import RequestAccess
 from sidecar.core.caller import Caller, IdentityError
+from sidecar.core.hits import Route
 from sidecar.envoy.ext_authz import AuthorizationServicer
 from sidecar.formats.qdrant import QdrantFormat
+from sidecar.formats.registry import path_collections
 from sidecar.identity import AuthRequest
 from sidecar.identity.headers import TrustedHeaders
 from sidecar.wire import ext_authz_pb2 as authz
@@ -137,10 +139,25 @@ def test_the_request_policy_learns_what_the_route_does(
     assert policy.inputs[0]["method"] == method
 
 
-def test_collection_of_paths() -> None:
-    assert collection_of("/collections/sops/points/search") == "sops"
-    assert collection_of("/collections/sops") == "sops"
-    assert collection_of("/cluster") is None
+def test_path_collections() -> None:
+    assert path_collections(Route("POST", "/collections/sops/points/search")) == ["sops"]
+    assert path_collections(Route("GET", "/collections/sops")) == ["sops"]
+    assert path_collections(Route("GET", "/cluster")) == []
+
+
+def test_the_request_policy_sees_every_collection_of_the_route_and_body() -> None:
+    policy = RecordingPolicy()
+    access = RequestAccess(
+        TrustedHeaders(), policy, route_kind=QdrantFormat().route_kind, collections=lambda r: ["a"]
+    )
+    request = AuthRequest(
+        "POST", "/x/points/search", {"x-gate-tenant": "acme", "x-gate-principals": "user:a"}
+    )
+    admission = asyncio.run(access.admit(request))
+    access.check_body_collections(
+        admission.caller, Route("POST", "/x/points/search"), ["b", "a", "c"]
+    )
+    assert [document["collections"] for document in policy.inputs] == [["a"], ["a", "b", "c"]]
 
 
 def test_check_denies_401_without_identity() -> None:

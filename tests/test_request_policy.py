@@ -30,12 +30,12 @@ DATA: dict[str, Any] = {
 
 
 def make_request(collection: Any = "sops", tenant: Any = "acme", **fields: Any) -> dict[str, Any]:
-    """A search request on ``collection`` by a caller of ``tenant``."""
+    """A search request on ``collection`` (None: none) by a caller of ``tenant``."""
     return {
         "caller": {"tenant": tenant, "principals": ["user:alice"], "drafts_allowed": False},
         "method": "POST",
         "path": f"/collections/{collection}/points/search",
-        "collection": collection,
+        "collections": [] if collection is None else [collection],
         "route_kind": "filtered",
         **fields,
     }
@@ -105,9 +105,34 @@ def test_a_mistyped_collection_is_forbidden(policy: RequestPolicy, collection: A
     assert policy.evaluate(make_request(collection)) == FORBIDDEN
 
 
+@pytest.mark.parametrize("collections", ["sops", None, {"sops": True}], ids=repr)
+def test_collections_that_are_not_a_list_are_forbidden(
+    policy: RequestPolicy, collections: Any
+) -> None:
+    assert policy.evaluate(make_request(collections=collections)) == FORBIDDEN
+
+
+@pytest.mark.parametrize(
+    ("collections", "tenant", "expected"),
+    [
+        (["sops", "public"], "acme", []),
+        (["sops", "finance"], "acme", FORBIDDEN),  # every named collection must pass
+        (["*"], "acme", FORBIDDEN),  # every index: finance is globex's
+        (["fin*"], "acme", FORBIDDEN),
+        (["fin*"], "globex", []),
+        (["so*", "pub*"], "initech", []),
+    ],
+    ids=["two-allowed", "one-forbidden", "everything", "pattern-other", "pattern-own", "mixed"],
+)
+def test_every_collection_and_pattern_is_checked(
+    policy: RequestPolicy, collections: list[str], tenant: str, expected: list[str]
+) -> None:
+    assert policy.evaluate(make_request(tenant=tenant, collections=collections)) == expected
+
+
 def test_a_missing_collection_is_forbidden_even_without_data() -> None:
     request = make_request()
-    del request["collection"]
+    del request["collections"]
     assert RequestPolicy.from_directory(default_policy_dir()).evaluate(request) == FORBIDDEN
 
 
@@ -261,21 +286,21 @@ def test_a_rule_of_the_wrong_shape_is_rejected_at_load(rules: str, message: str)
     ],
 )
 def test_a_result_of_the_wrong_shape_is_a_policy_error(value: str, message: str) -> None:
-    # Well-formed for the load-time sample (no collection), malformed otherwise.
-    policy = policy_with(f"denials := [] if input.collection == null else := {value}")
+    # Well-formed for the load-time sample (no collections), malformed otherwise.
+    policy = policy_with(f"denials := [] if input.collections == [] else := {value}")
     with pytest.raises(PolicyError, match=message):
         policy.evaluate(make_request())
 
 
 def test_an_undefined_result_is_a_policy_error() -> None:
-    policy = policy_with("denials := [] if input.collection == null")
+    policy = policy_with("denials := [] if input.collections == []")
     with pytest.raises(PolicyError, match="got undefined"):
         policy.evaluate(make_request())
 
 
 def test_a_runtime_error_is_a_policy_error_that_does_not_quote_the_input() -> None:
     policy = policy_with(
-        "denials := [] if input.collection == null else := [] if { some part in input.path }"
+        "denials := [] if input.collections == [] else := [] if { some part in input.path }"
     )
     secret = "merger-plan-confidential"
     with pytest.raises(PolicyError) as caught:

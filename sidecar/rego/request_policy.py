@@ -17,11 +17,11 @@ from sidecar.rego.regorus_engine import CompiledPolicy, read_rego_sources
 REQUEST_QUERY = "data.retrieval_gate.request.denials"
 
 # The input the rule is validated with at load time: a request that names no collection.
-_SAMPLE_REQUEST = {
+_SAMPLE_REQUEST: dict[str, Any] = {
     "caller": {"tenant": "", "principals": [], "drafts_allowed": False},
     "method": "POST",
     "path": "/",
-    "collection": None,
+    "collections": [],
     "route_kind": None,
 }
 
