@@ -35,6 +35,10 @@ _CONTENT_KINDS = frozenset({RouteKind.FILTERED, RouteKind.CONTENT})
 # Headers some servers and frameworks take as the request's real method. The
 # gate decides on the method Envoy saw, so the upstream must not see another.
 METHOD_OVERRIDE_HEADERS = ("x-http-method", "x-http-method-override", "x-method-override")
+# Headers that choose which data a request reads but that the request policy
+# does not see (Milvus' DB-Name picks the database of a body's collectionName):
+# the request must say it where the gate reads it (Milvus: dbName in the body).
+SCOPE_HEADERS = ("db-name",)
 
 
 def path_problem(path: str) -> str | None:
@@ -109,6 +113,12 @@ class RequestAccess:
         if self._probes_content(request.method.upper(), request.path):
             log.info("request refused: %s on a route that returns chunks", request.method)
             raise AccessDenied(405, refusals.METHOD_NOT_ALLOWED)
+        scoped = [h for h in SCOPE_HEADERS if h in request.headers]
+        if scoped:
+            log.info(
+                "request refused: header %s chooses data the request policy cannot see", scoped[0]
+            )
+            raise AccessDenied(400, refusals.REQUEST_NOT_FILTERABLE)
         try:
             caller = await self._identity.identify(request)
         except IdentityError as exc:

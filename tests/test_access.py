@@ -75,3 +75,11 @@ def test_nothing_is_stripped_that_was_not_sent() -> None:
         "x-gate-principals",
         "x-gate-tenant",
     )
+
+
+def test_a_header_that_picks_the_database_is_refused() -> None:
+    # Milvus' DB-Name header would move collectionName to a database the policy never saw.
+    with pytest.raises(AccessDenied) as refused:
+        admit("POST", "/v2/vectordb/entities/search", {"db-name": "finance"})
+    assert refused.value.status == 400
+    assert refused.value.body() == b'{"error":"request_not_filterable"}'

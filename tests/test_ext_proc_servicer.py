@@ -614,3 +614,54 @@ def test_a_large_body_is_parsed_off_the_event_loop_while_small_ones_complete(
     assert [hit["id"] for hit in orjson.loads(filtered)["result"]] == [1, 2]
     decided = [record["candidates"] for record in audit_records(sidecar)]
     assert [len(candidates) for candidates in decided] == [2, 2, 2, 95_000]
+
+
+# -- what the request path refuses before the database is asked ------------------
+
+
+def test_a_search_without_a_body_on_a_push_down_route_is_refused(sidecar: Sidecar) -> None:
+    # Envoy cannot add a body to GET /docs/_search, which would search every tenant.
+    message = request_headers("/docs/_search", method="GET")
+    message.request_headers.end_of_stream = True
+    (answer,) = run_stream(sidecar, [message])
+    assert answer.immediate_response.status.code == 400
+    assert orjson.loads(answer.immediate_response.body) == {"error": "request_not_filterable"}
+
+
+def test_url_parameters_that_replace_the_query_are_refused(sidecar: Sidecar) -> None:
+    (answer,) = run_stream(sidecar, [request_headers("/docs/_search?q=merger")])
+    assert answer.immediate_response.status.code == 400
+    assert b"merger" not in answer.immediate_response.body
+
+
+def test_a_collection_the_body_names_passes_the_ownership_check(tmp_path: Path) -> None:
+    data = tmp_path / "data.json"
+    data.write_text('{"retrieval_gate": {"collections": {"finance": {"tenants": ["globex"]}}}}')
+    settings = replace(
+        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        policy_data=data,
+    )
+    built = Sidecar.from_settings(settings)
+    lookup = b'{"positive":[[0.1]],"limit":3,"lookup_from":{"collection":"finance"}}'
+    answers = run_stream(
+        built,
+        [client_headers("/collections/docs/points/recommend"), request_body(lookup)],
+    )
+    assert answers[1].immediate_response.status.code == 403
+    assert orjson.loads(answers[1].immediate_response.body)["reasons"] == ["COLLECTION_FORBIDDEN"]
+
+
+def test_a_tenant_key_the_format_cannot_use_is_a_configuration_error(tmp_path: Path) -> None:
+    settings = replace(
+        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        tenant_key="not a field",
+    )
+    built = Sidecar.from_settings(settings)
+    search = b'{"collectionName":"docs","data":[[0.1]],"limit":3}'
+    answers = run_stream(
+        built, [request_headers("/v2/vectordb/entities/search"), request_body(search)]
+    )
+    assert answers[1].immediate_response.status.code == 500
+    assert orjson.loads(answers[1].immediate_response.body) == {"error": "gate_misconfigured"}

@@ -36,7 +36,7 @@ from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody, Res
 from sidecar.formats.chroma import ChromaFormat, PathCollection
 from sidecar.formats.chroma_request import collection_endpoint
 from sidecar.formats.qdrant import QdrantFormat
-from sidecar.formats.registry import build_format_table, classify
+from sidecar.formats.registry import FormatTable, build_format_table, classify
 from tests.fixtures.chroma_bodies import (
     ALL_INCLUDE,
     ALL_SELECT,
@@ -1024,3 +1024,18 @@ def test_property_replacements_take_id_and_document_and_only_the_marker_in_metad
             expected[-1].append(record)
             position += 1
     assert out == build(endpoint, _released(expected), keep)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "named"),
+    [
+        ("POST", f"{COLL}/query", [COLLECTION_ID]),
+        ("GET", f"{DB}/collections/by-id/{COLLECTION_ID}", [COLLECTION_ID]),
+        ("GET", f"{DB}/collections/sops", ["sops"]),
+        ("GET", f"{V2}/heartbeat", []),
+    ],
+)
+def test_the_request_policy_sees_the_collection_a_path_names(
+    method: str, path: str, named: list[str]
+) -> None:
+    assert FormatTable([ChromaFormat()]).collections(Route(method, path)) == named

@@ -248,6 +248,10 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             return _refuse(400, exc.code, "retrieval_gate_unfilterable_request")
         except MalformedRequest:
             return _refuse(400, refusals.REQUEST_BODY_MALFORMED, "retrieval_gate_bad_request")
+        except ValueError as exc:
+            # Settings the format cannot use, e.g. a tenant_key that is no Milvus field name.
+            log.error("requests on %s cannot be rewritten as configured: %s", route.path, exc)
+            return _refuse(500, refusals.GATE_MISCONFIGURED, "retrieval_gate_misconfigured")
         try:
             # Collections the body names beyond the path pass the same ownership check.
             self._access.check_body_collections(caller, route, rewrite.collections)

@@ -357,6 +357,13 @@ class ChromaFormat(ResponseAdapter[_Shape], ChromaRequests):
         """
         return _path_collections(route)
 
+    def route_collections(self, route: Route) -> list[str]:
+        """What the request policy checks ownership of (``base.NamesCollections``):
+        the collection's id on every route that reads records, so policy data
+        names Chroma collections by id; the name on the routes that take one
+        (collection metadata, deletion)."""
+        return [collection.value for collection in self.path_collections(route)]
+
     def _shape(self, route: Route) -> _Shape | None:
         """The keys of the route's responses; None for routes not filtered."""
         endpoint = collection_endpoint(route)
