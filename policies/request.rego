@@ -80,7 +80,9 @@ owned(name) if {
 	tenant in tenants
 }
 
-pattern_spares(pattern, described) if not glob.match(pattern, [], described)
+# No delimiters (null): "*" matches across dots, as an Elasticsearch wildcard does
+# ([] would make "." one, so "fin*" would spare "finance.q1").
+pattern_spares(pattern, described) if not glob.match(pattern, null, described)
 
 pattern_spares(pattern, described) if owned(described)
 

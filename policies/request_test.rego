@@ -234,3 +234,11 @@ test_question_mark_is_a_pattern if {
 }
 
 test_pattern_with_malformed_data if denials_with({"collections": ["*"]}, ["finance"]) == ["COLLECTION_FORBIDDEN"]
+
+test_wildcard_matches_across_dots if {
+	denials_with({"collections": ["fin*"]}, {"finance.q1": {"tenants": ["globex"]}}) == ["COLLECTION_FORBIDDEN"]
+}
+
+test_every_index_matches_dotted_names if {
+	denials_with({"collections": ["*"]}, {"logs.2026": {"tenants": ["globex"]}}) == ["COLLECTION_FORBIDDEN"]
+}

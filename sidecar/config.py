@@ -267,7 +267,7 @@ class Settings:
         best = max((p for p in self.routes if path_under(path, p)), key=len, default=None)
         options = self.routes[best] if best is not None else RouteOptions()
         push_down = options.push_down if options.push_down is not None else True
-        tenant_key = options.tenant_key or self.tenant_key
+        tenant_key = options.tenant_key if options.tenant_key is not None else self.tenant_key
         return RoutePolicy(
             mode=options.mode or self.mode,
             tenant_key=tenant_key if push_down else None,
@@ -300,6 +300,12 @@ _NON_NEGATIVE_FLOATS = ("jwt_leeway_seconds", "stale_if_error_seconds")
 _PATHS = ("policy_dir", "policy_data", "audit_log", "jwt_public_key", "jwt_hmac_secret_file")
 
 
+def _tenant_key(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("tenant_key must be a non-empty field name")
+    return value
+
+
 def _factor(value: Any) -> float:
     number = float(value)
     if number < 1:
@@ -319,6 +325,8 @@ def _route_options(value: Any) -> RouteOptions:
         if value.get(flag) is not None and not isinstance(value[flag], bool):
             raise TypeError(f"{flag} must be true or false")
     factor = value.get("overfetch_factor")
+    if "tenant_key" in value:
+        _tenant_key(value["tenant_key"])
     return RouteOptions(
         mode=Mode(value["mode"]) if "mode" in value else None,
         tenant_key=value.get("tenant_key"),
@@ -358,6 +366,8 @@ def _convert(name: str, value: Any) -> Any:
             return tuple(value)
         if name == "overfetch_factor":
             return _factor(value)
+        if name == "tenant_key":
+            return _tenant_key(value)
         if name == "substitute_superseded":
             if not isinstance(value, bool):
                 raise TypeError("must be true or false")

@@ -108,6 +108,8 @@ def test_route_policy_resolves_push_down_and_overfetch() -> None:
         ({"identity": "jwt", "jwks": "k.json", "audience": "a"}, "needs --issuer and --audience"),
         ({"identity": "trusted-headers", "overfetch_factor": 0.5}, "'overfetch_factor'"),
         ({"identity": "trusted-headers", "routes": {"/x/": {"mod": "audit"}}}, "'mod'"),
+        ({"identity": "trusted-headers", "tenant_key": ""}, "'tenant_key'"),
+        ({"identity": "trusted-headers", "routes": {"/x/": {"tenant_key": ""}}}, "tenant_key"),
     ],
 )
 def test_identity_and_route_settings_are_checked(
@@ -148,3 +150,18 @@ def test_route_settings_match_whole_path_segments(prefix: str, path: str, covere
         overrides={"identity": "trusted-headers", "routes": {prefix: {"mode": "audit"}}}
     )
     assert (settings.route_policy(path).mode is Mode.AUDIT) is covered
+
+
+def test_push_down_is_on_by_default_with_the_tenant_field() -> None:
+    settings = load_settings(None, {"identity": "trusted-headers", "routes": {"/x/": {}}})
+    assert settings.route_policy("/collections/docs/points/search").tenant_key == "tenant"
+    # A route with its own field, and one without push-down.
+    settings = load_settings(
+        None,
+        {
+            "identity": "trusted-headers",
+            "routes": {"/a/": {"tenant_key": "owner"}, "/b/": {"push_down": False}},
+        },
+    )
+    assert settings.route_policy("/a/search").tenant_key == "owner"
+    assert settings.route_policy("/b/search").tenant_key is None

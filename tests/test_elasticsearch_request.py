@@ -658,3 +658,10 @@ def test_property_every_multi_search_line_is_confined(
         named = header.get("index", "*")
         for name in named if isinstance(named, list) else named.split(","):
             assert name in done.collections
+
+
+def test_a_multi_search_header_with_a_duplicate_key_is_malformed() -> None:
+    # Which index would the database read: the first "index" or the gate's last?
+    body = b'{"index":"finance","index":"docs"}\n{}\n'
+    with pytest.raises(MalformedRequest, match="same key twice"):
+        rewrite(body, Route("POST", "/_msearch"))

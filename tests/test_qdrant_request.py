@@ -863,3 +863,19 @@ def test_a_point_id_as_an_example_is_refused_under_push_down(
 def test_vectors_and_other_queries_are_not_point_ids(query: Any) -> None:
     rewritten, _ = _rewrite("query", {"query": query, "limit": 3})
     assert rewritten["query"] == query
+
+
+@pytest.mark.parametrize("tenant_key", [TENANT_KEY, None], ids=["push-down", "no-push-down"])
+def test_a_request_with_a_duplicate_key_is_malformed(tenant_key: str | None) -> None:
+    # The gate reads the last "lookup_from"; a database reading the first would not.
+    body = b'{"positive":[[0.1]],"limit":3,"lookup_from":{"collection":"finance"},'
+    body += b'"lookup_from":{"collection":"docs"}}'
+    with pytest.raises(MalformedRequest, match="same key twice"):
+        QdrantFormat().rewrite_request(
+            body,
+            route("recommend"),
+            tenant=TENANT,
+            tenant_key=tenant_key,
+            overfetch_factor=1.0,
+            overfetch_cap=1000,
+        )

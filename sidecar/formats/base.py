@@ -75,16 +75,19 @@ class MalformedRequest(Exception):
     """A search request body the gate cannot read; answer 400, never forward it."""
 
 
+# The client's error code for an UnfilterableRequest.
+NOT_FILTERABLE = "request_not_filterable"
+
+
 class UnfilterableRequest(MalformedRequest):
     """A search request the gate can read but cannot restrict to the caller's tenant.
 
     For example a query language construct the push-down does not know how
-    to wrap safely. Answered 400 with ``code``; never forwarded as it is.
+    to wrap safely. Answered 400 ``request_not_filterable``; never forwarded.
+    The message names what was refused, never a value of the request.
     """
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+    code = NOT_FILTERABLE
 
 
 class ParsedBody(Protocol):
@@ -265,7 +268,7 @@ def load_json(body: bytes) -> Any:
     two different bodies, for example an error where the client sees rows.
     """
     document = orjson.loads(body)
-    if _has_duplicate_keys(body, document):
+    if has_duplicate_keys(body, document):
         raise MalformedBody("an object has the same key twice")
     return document
 
@@ -298,7 +301,7 @@ def id_field_option(value: object, text_field: str | None = None) -> str | None:
     return value
 
 
-def _has_duplicate_keys(body: bytes, document: Any) -> bool:
+def has_duplicate_keys(body: bytes, document: Any) -> bool:
     """True when some object of ``body`` (decoded as ``document``) names a key twice.
 
     Every key of the text is followed by one colon outside strings, and a

@@ -88,9 +88,7 @@ class ChromaRequests(SearchRewriter[_Endpoint]):
             return [document]
         searches = document.get("searches")
         if not isinstance(searches, list) or not all(isinstance(s, dict) for s in searches):
-            raise UnfilterableRequest(
-                "request_not_filterable", "'searches' is not a list of JSON objects"
-            )
+            raise UnfilterableRequest("'searches' is not a list of JSON objects")
         return searches
 
     def _push_down(
@@ -107,7 +105,7 @@ class ChromaRequests(SearchRewriter[_Endpoint]):
         elif isinstance(app_filter, dict):
             request[key] = {"$and": [condition, app_filter]}
         else:
-            raise UnfilterableRequest("request_not_filterable", f"{key!r} is not a JSON object")
+            raise UnfilterableRequest(f"{key!r} is not a JSON object")
 
     def _overfetches(self, endpoint: _Endpoint) -> bool:
         return True

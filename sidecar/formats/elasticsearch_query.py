@@ -23,7 +23,7 @@ structure around it are added; the app's clauses are nested untouched:
   ``queries`` is wrapped instead.
 - ``_knn_search`` (Elasticsearch 8) takes the term in its top-level ``filter``.
 
-Refused with UnfilterableRequest("request_not_filterable"), naming the key:
+Refused with UnfilterableRequest (400 ``request_not_filterable``), naming the key:
 any top-level key not known to be safe, among them ``rank`` and
 ``sub_searches``; ``runtime_mappings`` and OpenSearch's ``derived`` (a
 runtime field can shadow the tenant field itself, and lookup fields read
@@ -44,8 +44,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from sidecar.formats.base import MalformedRequest, UnfilterableRequest
-
-NOT_FILTERABLE: Final = "request_not_filterable"
 
 # Top-level keys of a search body that carry no query, or whose queries the
 # push-down reaches (query, knn, retriever, and the walk over the body).
@@ -201,7 +199,7 @@ def _refuse_lookups(node: dict[str, Any]) -> None:
     if isinstance(wrapper, dict) and "query" in wrapper:
         problem = "a wrapper query"
     if problem is not None:
-        raise UnfilterableRequest(NOT_FILTERABLE, f"{problem} is not filterable")
+        raise UnfilterableRequest(f"{problem} is not filterable")
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -231,13 +229,11 @@ def _push_into_retriever(retriever: Any, term: dict[str, Any]) -> None:
             unknown = sorted(set(spec) - _COMPOSITE_RETRIEVERS[kind] - {"_name"})
             if unknown:
                 raise UnfilterableRequest(
-                    NOT_FILTERABLE, f"{named(unknown[0])} of a {kind} retriever is not filterable"
+                    f"{named(unknown[0])} of a {kind} retriever is not filterable"
                 )
             pending.extend(_sub_retrievers(spec))
         else:
-            raise UnfilterableRequest(
-                NOT_FILTERABLE, f"a {named(kind)} retriever is not filterable"
-            )
+            raise UnfilterableRequest(f"a {named(kind)} retriever is not filterable")
 
 
 def _sub_retrievers(spec: dict[str, Any]) -> list[Any]:
@@ -281,4 +277,4 @@ def confine_knn_search(request: dict[str, Any], term: dict[str, Any]) -> None:
 def _known_keys(request: dict[str, Any], allowed: frozenset[str]) -> None:
     unknown = sorted(set(request) - allowed)
     if unknown:
-        raise UnfilterableRequest(NOT_FILTERABLE, f"{named(unknown[0])} is not filterable")
+        raise UnfilterableRequest(f"{named(unknown[0])} is not filterable")

@@ -47,7 +47,12 @@ import orjson
 from sidecar.core.hits import Route
 from sidecar.formats import elasticsearch_query as query
 from sidecar.formats import elasticsearch_routes as routes
-from sidecar.formats.base import MalformedRequest, RequestRewrite, UnfilterableRequest
+from sidecar.formats.base import (
+    MalformedRequest,
+    RequestRewrite,
+    UnfilterableRequest,
+    has_duplicate_keys,
+)
 from sidecar.formats.rewriter import SearchRewriter
 
 DEFAULT_SIZE: Final = 10
@@ -152,7 +157,7 @@ class ElasticsearchRequests(SearchRewriter[_Endpoint]):
     ) -> None:
         if endpoint.template:
             problem = f"a {endpoint.name} is rendered by the database: not filterable"
-            raise UnfilterableRequest(query.NOT_FILTERABLE, problem)
+            raise UnfilterableRequest(problem)
         term = {"term": {tenant_key: tenant}}
         if endpoint.knn_search:
             query.confine_knn_search(request, term)
@@ -201,6 +206,8 @@ def _line(line: bytes) -> dict[str, Any]:
         value = None
     if not isinstance(value, dict):
         raise MalformedRequest("a multi-search line is not a JSON object")
+    if has_duplicate_keys(line, value):
+        raise MalformedRequest("an object of a multi-search line has the same key twice")
     return value
 
 

@@ -187,9 +187,7 @@ def _parents(request: dict[str, Any], at: Selector) -> list[dict[str, Any]]:
         found = False
     # Raised outside the handler: nothing of the body is chained.
     if not found or not matches:
-        raise UnfilterableRequest(
-            "request_not_filterable", f"the body has no place for the filter at {at.text!r}"
-        )
+        raise UnfilterableRequest(f"the body has no place for the filter at {at.text!r}")
     parents = [match.value for match in matches]
     if not all(isinstance(parent, dict) for parent in parents):
         raise MalformedRequest(f"the filter at {at.text!r} is not in a JSON object")

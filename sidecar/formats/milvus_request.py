@@ -164,9 +164,7 @@ def string_literal(value: str) -> str:
     The problem never names the value: it is the caller's tenant id.
     """
     if any(unicodedata.category(char) in ("Cc", "Cs") for char in value):
-        raise UnfilterableRequest(
-            "request_not_filterable", "the tenant id holds a character a Milvus filter cannot quote"
-        )
+        raise UnfilterableRequest("the tenant id holds a character a Milvus filter cannot quote")
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
@@ -214,7 +212,7 @@ def restricted(app_filter: Any, condition: str, where: str) -> str:
         raise MalformedRequest(f"{where!r} is not a string")
     problem = expression_problem(app_filter)
     if problem is not None:
-        raise UnfilterableRequest("request_not_filterable", f"{where!r}: {problem}")
+        raise UnfilterableRequest(f"{where!r}: {problem}")
     return f"{condition} and ({app_filter})"
 
 
@@ -316,7 +314,6 @@ class MilvusRequests(SearchRewriter[_Endpoint]):
 def _refuse_ids(request: dict[str, Any], where: str) -> None:
     if request.get("ids") not in (None, []):
         raise UnfilterableRequest(
-            "request_not_filterable",
             f"{where!r}: a search by primary key uses stored vectors "
             "the tenant filter does not cover",
         )
@@ -327,6 +324,4 @@ def _check_keys(request: dict[str, Any]) -> None:
     for key in request:
         known = _FOLDED.get(key.casefold())
         if known is not None and key != known:
-            raise UnfilterableRequest(
-                "request_not_filterable", f"a key differs from {known!r} only in case"
-            )
+            raise UnfilterableRequest(f"a key differs from {known!r} only in case")

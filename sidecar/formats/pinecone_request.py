@@ -155,7 +155,6 @@ def _restricted(app_filter: Any, condition: dict[str, Any], where: str) -> dict[
 def _refuse_id(request: dict[str, Any], where: str) -> None:
     if request.get("id") is not None:
         raise UnfilterableRequest(
-            "request_not_filterable",
             f"{where!r}: a query by record id searches with a stored vector "
             "the tenant filter does not cover",
         )

@@ -205,7 +205,6 @@ def _refuse_point_examples(request: dict[str, Any]) -> None:
             pending.extend((item, "nested") for item in value)
         elif isinstance(value, str) or (type(value) is int):
             raise UnfilterableRequest(
-                "request_not_filterable",
                 "a point id as a query example is looked up past the tenant filter; "
                 "send its vector instead",
             )

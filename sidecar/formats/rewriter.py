@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 import orjson
 
 from sidecar.core.hits import Route
-from sidecar.formats.base import MalformedRequest, RequestRewrite
+from sidecar.formats.base import MalformedRequest, RequestRewrite, has_duplicate_keys
 
 EndpointT = TypeVar("EndpointT")
 
@@ -164,6 +164,10 @@ def _load(body: bytes) -> dict[str, Any]:
         raise MalformedRequest("request body is not valid UTF-8 JSON")
     if not isinstance(document, dict):
         raise MalformedRequest("request body is not a JSON object")
+    if has_duplicate_keys(body, document):
+        # The gate reads the last of two keys; a database that reads the first
+        # would see another filter or collection than the one checked.
+        raise MalformedRequest("an object of the request has the same key twice")
     return document
 
 

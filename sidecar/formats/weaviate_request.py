@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from sidecar.core.hits import Route
-from sidecar.formats.base import MalformedRequest, RequestRewrite
+from sidecar.formats.base import MalformedRequest, RequestRewrite, has_duplicate_keys
 from sidecar.formats.weaviate_graphql import Options, rewrite_query
 
 
@@ -114,6 +114,8 @@ def _load(body: bytes) -> Any:
     # Raised outside the handler: a decode error's .doc attribute holds the body.
     if not isinstance(document, dict | list):
         raise MalformedRequest("request body is not a JSON object or list")
+    if has_duplicate_keys(body, document):
+        raise MalformedRequest("an object of the request has the same key twice")
     return document
 
 
