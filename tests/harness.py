@@ -8,6 +8,7 @@ sidecar while Envoy keeps running.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -63,6 +64,32 @@ def http(
         )
 
 
+# What differs between any two answers of the gate: when, and which decision.
+PER_REQUEST_HEADERS = frozenset({"date", "x-retrieval-gate-decision-id"})
+_TIMING = re.compile(rb'"(took|time)":\s*-?[0-9.eE+-]+')
+_DECISION_ID = re.compile(rb'"decision_id":\s*"[^"]*"')
+
+
+@dataclass(frozen=True)
+class ClientView:
+    """What a client learns from an answer, but for per-request values: the status,
+    the body bytes (timings and the decision id masked) and the headers."""
+
+    status: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...]
+
+
+def client_view(response: HttpResult) -> ClientView:
+    """``response`` as a ``ClientView``: two views are equal when a client could not
+    tell the answers apart except by timing fields (``took``, ``time``), the date
+    and the decision id."""
+    body = _TIMING.sub(rb'"\1":0', response.body)
+    body = _DECISION_ID.sub(b'"decision_id":""', body)
+    headers = sorted((k, v) for k, v in response.headers.items() if k not in PER_REQUEST_HEADERS)
+    return ClientView(response.status, body, tuple(headers))
+
+
 def search_ids(response: HttpResult) -> list[int]:
     """The point ids of a Qdrant search response, in order."""
     return [hit["id"] for hit in response.json()["result"]]
@@ -109,11 +136,14 @@ class GateStack:
         store_url: str | None = None,
         upstream_url: str | None = None,
         edit_bootstrap: Callable[[dict[str, Any]], None] | None = None,
+        policy_data: Mapping[str, Any] | None = None,
     ) -> None:
         """``upstream_url`` puts a real server behind Envoy instead of the fixture upstream.
 
         ``edit_bootstrap`` may change the generated Envoy bootstrap before Envoy
-        starts (e.g. to put a mesh's ext_authz filter in front).
+        starts (e.g. to put a mesh's ext_authz filter in front). ``policy_data``
+        is written to a file the sidecar loads as Rego data (the ``policy_data``
+        setting), e.g. ``{"retrieval_gate": {"collections": {...}}}``.
         """
         self._edit_bootstrap = edit_bootstrap
         self.envoy_admin: tuple[str, int] | None = None
@@ -126,6 +156,10 @@ class GateStack:
         self.socket = workdir / "gate.sock"
         self.listen_port = free_port()
         self._records_file = write_records(workdir / "chunks.jsonl", records)
+        if policy_data is not None:
+            data_file = workdir / "policy-data.json"
+            data_file.write_bytes(orjson.dumps(policy_data))
+            config = {"policy_data": str(data_file), **(config or {})}
         self._config = {
             "identity": "trusted-headers",
             "store": self.store_url,

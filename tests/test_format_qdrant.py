@@ -239,7 +239,8 @@ def test_filters_no_other_routes(method: str, path: str) -> None:
         ("GET", "/collections/docs", RouteKind.FILTERED),
         ("GET", "/collections/docs/exists", RouteKind.READ),
         ("GET", "/collections/docs/aliases", RouteKind.CONTENT),
-        ("HEAD", "/collections/docs/points", RouteKind.READ),
+        ("HEAD", "/collections/docs/points", RouteKind.CONTENT),
+        ("GET", "/collections/docs/cluster", RouteKind.CONTENT),  # points per shard
         ("POST", "/collections/docs/points/count", RouteKind.CONTENT),
         ("POST", "/collections/docs/points/search/matrix/pairs", RouteKind.CONTENT),
         ("POST", "/collections/docs/points/payload/clear", RouteKind.WRITE),

@@ -176,7 +176,7 @@ def test_field_defaults_reach_only_the_formats_that_take_them() -> None:
     [
         # An Elasticsearch index named like another database's routes.
         ("GET", "/collections/_search", ("elasticsearch", RouteKind.FILTERED)),
-        ("GET", "/collections/_doc/1", ("elasticsearch", RouteKind.CONTENT)),
+        ("GET", "/collections/_doc/1", ("qdrant", RouteKind.CONTENT)),  # content either way
         ("GET", "/namespaces/_search", ("elasticsearch", RouteKind.FILTERED)),
         ("GET", "/namespace-aliases/_count", ("elasticsearch", RouteKind.CONTENT)),
         # Only Qdrant knows this one.

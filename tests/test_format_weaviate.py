@@ -250,10 +250,14 @@ U = UUIDS[0]
         ("GET", "/v1/schema", RouteKind.READ),
         ("GET", "/v1/schema/Chunk", RouteKind.READ),
         ("GET", "/v1/schema/Chunk/shards", RouteKind.READ),
-        ("GET", "/v1/schema/Chunk/tenants", RouteKind.READ),
-        ("HEAD", "/v1/schema/Chunk/tenants/acme", RouteKind.READ),
-        ("GET", "/v1/nodes", RouteKind.READ),
-        ("GET", "/v1/nodes/Chunk", RouteKind.READ),
+        (
+            "GET",
+            "/v1/schema/Chunk/tenants",
+            RouteKind.CONTENT,
+        ),  # tenant names: who else uses the class
+        ("HEAD", "/v1/schema/Chunk/tenants/acme", RouteKind.CONTENT),
+        ("GET", "/v1/nodes", RouteKind.CONTENT),  # verbose: objects per shard
+        ("GET", "/v1/nodes/Chunk", RouteKind.CONTENT),
         ("GET", "/v1/cluster/statistics", RouteKind.READ),
         ("GET", "/v1/aliases", RouteKind.READ),
         ("GET", "/v1/users/own-info", RouteKind.READ),

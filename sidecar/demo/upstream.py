@@ -4,14 +4,17 @@ Used by `retrieval-gate demo` and by the integration tests as the fixture
 upstream behind Envoy. It stands in for Qdrant (whose server cannot be
 installed on the build machines); it does no search, it replays whatever
 body was registered for a method and path, and records every request it saw
-so tests can check what reached the "database".
+so tests can check what reached the "database". A test may register a
+responder instead (a callable from the request to a response): still a fake,
+it answers as the test's own model of a database does
+(tests/fixtures/documented_databases.py).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -32,6 +35,9 @@ class SeenRequest:
     body: bytes
 
 
+# Computes the answer to one request (a test's model of a database).
+Responder = Callable[[SeenRequest], CannedResponse]
+
 _NOT_FOUND = CannedResponse(b'{"status":{"error":"Not found"},"time":0.0}', status=404)
 
 
@@ -39,7 +45,7 @@ class FixtureUpstream:
     """Serves canned responses on 127.0.0.1; start() before use, stop() after."""
 
     def __init__(self) -> None:
-        self._responses: dict[tuple[str, str], CannedResponse] = {}
+        self._responses: dict[tuple[str, str], CannedResponse | Responder] = {}
         self._lock = threading.Lock()
         self.requests: list[SeenRequest] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -56,6 +62,12 @@ class FixtureUpstream:
         with self._lock:
             self._responses[(method.upper(), path)] = response
 
+    def respond_with(self, method: str, path: str, responder: Responder) -> None:
+        """Answer ``method path`` (path without query string) with what ``responder``
+        computes from each request, from now on (replacing a canned body)."""
+        with self._lock:
+            self._responses[(method.upper(), path)] = responder
+
     def start(self) -> FixtureUpstream:
         self._thread.start()
         return self
@@ -64,9 +76,13 @@ class FixtureUpstream:
         self._server.shutdown()
         self._server.server_close()
 
-    def _lookup(self, method: str, path: str) -> CannedResponse:
+    def _lookup(self, request: SeenRequest) -> CannedResponse:
         with self._lock:
-            return self._responses.get((method, path.split("?", 1)[0]), _NOT_FOUND)
+            found = self._responses.get((request.method, request.path.split("?", 1)[0]))
+        if found is None:
+            return _NOT_FOUND
+        # Called outside the lock: a responder may take its time.
+        return found if isinstance(found, CannedResponse) else found(request)
 
     def _record(self, request: SeenRequest) -> None:
         with self._lock:
@@ -85,8 +101,9 @@ class FixtureUpstream:
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length) if length else b""
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                upstream._record(SeenRequest(self.command, self.path, headers, body))
-                canned = upstream._lookup(self.command, self.path)
+                seen = SeenRequest(self.command, self.path, headers, body)
+                upstream._record(seen)
+                canned = upstream._lookup(seen)
                 if canned.delay_seconds:
                     time.sleep(canned.delay_seconds)
                 self.send_response(canned.status)

@@ -30,6 +30,7 @@ and the Python client (``chromadb.api.fastapi``: ``QueryResult``,
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -461,7 +462,21 @@ def _path_collections(route: Route) -> tuple[PathCollection, ...]:
                 if method in ("GET", "HEAD", "DELETE")
                 else ("id", "name")
             )
-            return tuple(PathCollection(kind, c, t, d) for kind in kinds)
+            return tuple(
+                PathCollection(kind, _id_or(c) if kind == "id" else c, t, d) for kind in kinds
+            )
         case ["tenants", t, "databases", d, "collections", c, *rest] if t and d and c and rest:
-            return (PathCollection("id", c, t, d),)
+            return (PathCollection("id", _id_or(c), t, d),)
     return ()
+
+
+def _id_or(segment: str) -> str:
+    """A collection id in the one spelling policy data uses (lowercase, hyphenated).
+
+    Chroma parses the id, so an uppercase, unhyphenated or ``urn:uuid:`` form
+    names the same collection; a segment that is no UUID stays as written.
+    """
+    try:
+        return str(uuid.UUID(segment))
+    except ValueError:
+        return segment

@@ -98,11 +98,12 @@ _SEARCH_SUB_RULES: Final[Mapping[str, _Rule]] = {
 }
 
 # Sub-paths of read and administrative APIs that count every tenant's
-# documents (docs.count and the like).
+# documents (docs.count, indexing totals, disk use and the like).
 _COUNTING: Final[Mapping[str, frozenset[str]]] = {
-    "_cat": frozenset({"count", "indices", "shards", "segments"}),
+    "_cat": frozenset({"count", "indices", "shards", "segments", "nodes", "allocation"}),
     "_cluster": frozenset({"stats"}),
     "_nodes": frozenset({"stats"}),
+    "_data_stream": frozenset({"_stats"}),
 }
 
 # Actions that return stored documents, or results computed from them, from

@@ -343,11 +343,13 @@ class QdrantFormat(ResponseAdapter[_Shape], QdrantRequests):
         """FILTERED for the point-reading endpoints of ``/collections/{c}/points``
         and collection info (rendered without point counts).
 
-        Snapshots are CONTENT (a whole collection, past every per-chunk check),
-        and so are alias listings (names of other tenants' collections); other
-        GET/HEAD are reads; POSTs that read without being filtered (count,
-        facet) are CONTENT; anything else under ``/collections`` writes. Paths
-        outside ``/collections`` are not claimed.
+        READ: only ``GET``/``HEAD`` of ``/collections/{c}/exists``. Every
+        other GET below a collection is CONTENT: snapshots (a whole
+        collection, past every per-chunk check), alias listings (names of
+        other tenants' collections), cluster info (points per shard) and what
+        Qdrant adds later. POSTs that read without being filtered (count,
+        facet) are CONTENT; anything else under ``/collections`` writes.
+        Paths outside ``/collections`` are not claimed.
         """
         if self._shape(route) is not None:
             return RouteKind.FILTERED
@@ -360,7 +362,7 @@ class QdrantFormat(ResponseAdapter[_Shape], QdrantRequests):
         if len(segments) < 3 or segments[1] != "collections":
             return None
         if route.method.upper() in ("GET", "HEAD"):
-            return RouteKind.READ
+            return RouteKind.READ if segments[3:] == ["exists"] else RouteKind.CONTENT
         if route.method.upper() == "POST" and post_endpoint(route) not in _WRITES:
             # count (a match oracle), facet (payload values across every point),
             # search/matrix: reads the gate does not filter.

@@ -36,14 +36,14 @@ _HIT_KEYS: Final = frozenset({"_additional", "__typename"})
 # First path segments under /v1 whose every route hands out stored values the
 # gate does not check: backups and exports of whole collections, the REST
 # Search API (/v1/search/{c}/..., /v1/aggregate/{c}) and MCP tool calls.
-_CONTENT_ROOTS: Final = frozenset({"backups", "export", "search", "aggregate", "mcp"})
+# /v1/nodes too: its verbose output counts every shard's objects.
+_CONTENT_ROOTS: Final = frozenset({"backups", "export", "search", "aggregate", "mcp", "nodes"})
 # First path segments whose GET/HEAD read metadata only; other methods write.
 _READ_ROOTS: Final = frozenset(
     {
         ".well-known",
         "meta",
         "schema",
-        "nodes",
         "cluster",
         "aliases",
         "users",
@@ -126,6 +126,9 @@ class WeaviateFormat(ResponseAdapter[bool], WeaviateRequests):
                 return RouteKind.FILTERED
             return RouteKind.CONTENT if reads else RouteKind.WRITE
         if root in _CONTENT_ROOTS:
+            return RouteKind.CONTENT
+        if root == "schema" and rest[2:3] == ["tenants"] and reads:
+            # The names of a multi-tenant class's tenants: who else uses it.
             return RouteKind.CONTENT
         if root in ("objects", "modules"):
             return RouteKind.CONTENT if reads else RouteKind.WRITE
