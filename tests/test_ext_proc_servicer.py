@@ -190,7 +190,7 @@ def test_unreadable_ext_authz_metadata_is_401(sidecar: Sidecar) -> None:
 def test_a_route_the_gate_does_not_filter_ends_the_stream_at_the_request_headers(
     sidecar: Sidecar,
 ) -> None:
-    (answer,) = run_stream(sidecar, [client_headers("/collections/docs/cluster", method="GET")])
+    (answer,) = run_stream(sidecar, [client_headers("/collections/docs/exists", method="GET")])
     mode = answer.mode_override
     assert mode.response_header_mode == mode.SKIP
     assert mode.response_body_mode == mode.NONE
