@@ -49,16 +49,27 @@ log = logging.getLogger(__name__)
 _POLICIES_KEPT = 4096
 
 # A body is parsed, and its answer rendered, in a worker thread rather than on
-# the event loop that serves every stream, where the work would hold the loop
-# for about a millisecond or more. Measured on the 2-core build machine with
-# Qdrant search bodies (~105 bytes a hit): a round trip through
-# asyncio.to_thread costs 80-110 us at the median; parsing about 32 us per KiB
-# (0.3 ms for 10 KiB, 1 ms for 31 KiB, 21 ms for 317 KiB, 78 ms for 1 MiB,
-# 1.5 s for 9 MiB, i.e. 95,000 hits) and rendering about 5 us per KiB (0.15 ms
-# for 31 KiB, 1.5 ms for 317 KiB). Above these sizes the hand-off adds a tenth
-# of the work at most; below them it would cost about as much as the work.
-_PARSE_OFF_LOOP_BYTES = 32 * 1024
-_RENDER_OFF_LOOP_BYTES = 256 * 1024
+# the event loop that serves every stream when the work would hold the loop
+# for about a millisecond or more. The work grows with the hits more than
+# with the bytes. Measured on the 2-core build machine with Qdrant search
+# bodies: a round trip through asyncio.to_thread costs about 75 us at the
+# median; parsing costs about 3 us a hit plus 1 us a KiB (56 us for 20 hits
+# in 5 KiB, 77 us for 20 in 41 KiB, 0.9 ms for 300 in 309 KiB, 8.6 ms for
+# 3,000 in 461 KiB). So a body goes to a thread when it is large and holds
+# many objects (two per hit, roughly: the hit and its document), and an
+# answer is rendered in one when it has many hits; a few large hits stay on
+# the loop, where the hop would cost as much as the work.
+_OFF_LOOP_MIN_BYTES = 32 * 1024
+_OFF_LOOP_OBJECTS = 512
+_OFF_LOOP_HITS = 256
+_OFF_LOOP_ALWAYS_BYTES = 1024 * 1024
+
+
+def _heavy_body(body: bytes) -> bool:
+    """True when parsing ``body`` is worth a worker thread (see above)."""
+    if len(body) <= _OFF_LOOP_MIN_BYTES:
+        return False
+    return len(body) > _OFF_LOOP_ALWAYS_BYTES or body.count(b"{") > _OFF_LOOP_OBJECTS
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -248,7 +259,8 @@ class ResponseFilter:
         policy = self._policy_for(route.path)
         facts = ResponseFacts(uuid.uuid4().hex, request_id, caller, fmt.name, policy.mode, started)
         try:
-            parsed = await _work(len(body) > _PARSE_OFF_LOOP_BYTES, fmt.parse, body, route)
+            heavy = _heavy_body(body)
+            parsed = await _work(heavy, fmt.parse, body, route)
         except MalformedBody as exc:
             log.warning("malformed %s body on %s: %s", fmt.name, route.path, exc)
             return self._unreadable(facts, refusals.UPSTREAM_BODY_MALFORMED)
@@ -263,8 +275,8 @@ class ResponseFilter:
 
         limits = rewrite.limits if rewrite is not None and rewrite.overfetched else None
         try:
-            large = len(body) > _RENDER_OFF_LOOP_BYTES
-            released = await _work(large, release, policy.mode, parsed, decided, limits)
+            many = heavy or len(parsed.candidates) > _OFF_LOOP_HITS
+            released = await _work(many, release, policy.mode, parsed, decided, limits)
         except MalformedBody as exc:
             # E.g. fewer sub-results than the rewritten request had sub-queries.
             log.warning("malformed %s body on %s: %s", fmt.name, route.path, exc)

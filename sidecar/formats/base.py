@@ -25,6 +25,7 @@ Request rewriters have their skeleton in ``rewriter``.
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -301,16 +302,21 @@ def id_field_option(value: object, text_field: str | None = None) -> str | None:
     return value
 
 
+# Where a key of the text ends: its closing quote, optional whitespace, a colon.
+_KEY_END = re.compile(rb'"[ \t\r\n]*:')
+
+
 def has_duplicate_keys(body: bytes, document: Any) -> bool:
     """True when some object of ``body`` (decoded as ``document``) names a key twice.
 
-    Every key of the text is followed by one colon outside strings, and a
-    repeated key leaves one entry fewer in the decoded object. So when the
-    body has no more colons than the decoded objects have keys, no key
-    repeats; this settles most bodies in one pass. Bodies whose strings hold
-    colons are decoded again, pair by pair.
+    Every key of the text has a place of its own where a quote is followed by
+    a colon (whitespace between), so there are never fewer such places than
+    keys; and a repeated key leaves one entry fewer in the decoded objects.
+    So when the places are as many as the decoded keys, no key repeats. This
+    settles almost every body in one scan; one whose strings hold a quote
+    before a colon, or that does repeat a key, is decoded again pair by pair.
     """
-    if body.count(b":") == _key_count(document):
+    if len(_KEY_END.findall(body)) == _key_count(document):
         return False
     try:
         json.loads(body, object_pairs_hook=_unique_pairs)
@@ -320,17 +326,20 @@ def has_duplicate_keys(body: bytes, document: Any) -> bool:
 
 
 def _key_count(document: Any) -> int:
-    """The number of keys in every object of ``document``; a stack, not recursion."""
-    count = 0
+    """The keys of every object of ``document``; a stack, not recursion."""
+    keys = 0
     pending = [document]
     while pending:
         value = pending.pop()
         if type(value) is dict:
-            count += len(value)
-            pending.extend(value.values())
+            keys += len(value)
+            pending.extend(item for item in value.values() if type(item) in _CONTAINERS)
         elif type(value) is list:
-            pending.extend(value)
-    return count
+            pending.extend(item for item in value if type(item) in _CONTAINERS)
+    return keys
+
+
+_CONTAINERS = (dict, list)
 
 
 class _DuplicateKey(Exception):
