@@ -49,6 +49,10 @@ class RouteOptions:
     substitute_superseded: bool | None = None
     # Upstream error bodies (non-2xx) reach the client as the database wrote them.
     pass_upstream_errors: bool | None = None
+    # Document fields released on this route, in place of each format's own
+    # (docs/databases.md, "Released fields").
+    hashed_fields: tuple[str, ...] | None = None
+    releasable_fields: tuple[str, ...] | None = None
     # The one format that owns paths under this prefix (route detection is skipped).
     format: str | None = None
 
@@ -182,7 +186,8 @@ class Settings:
         default_factory=dict,
         metadata=about(
             "per path prefix: mode, tenant_key, push_down, overfetch_factor, "
-            "substitute_superseded, pass_upstream_errors, format",
+            "substitute_superseded, pass_upstream_errors, hashed_fields, releasable_fields, "
+            "format",
             file_only="a table of path prefix = {options}",
         ),
     )
@@ -300,6 +305,10 @@ _NON_NEGATIVE_FLOATS = ("jwt_leeway_seconds", "stale_if_error_seconds")
 _PATHS = ("policy_dir", "policy_data", "audit_log", "jwt_public_key", "jwt_hmac_secret_file")
 
 
+def _names_or_none(value: list[str] | None) -> tuple[str, ...] | None:
+    return None if value is None else tuple(value)
+
+
 def _tenant_key(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError("tenant_key must be a non-empty field name")
@@ -327,6 +336,11 @@ def _route_options(value: Any) -> RouteOptions:
     factor = value.get("overfetch_factor")
     if "tenant_key" in value:
         _tenant_key(value["tenant_key"])
+    for name in ("hashed_fields", "releasable_fields"):
+        if value.get(name) is not None and (
+            not isinstance(value[name], list) or not all(isinstance(v, str) for v in value[name])
+        ):
+            raise TypeError(f"{name} must be a list of field names")
     return RouteOptions(
         mode=Mode(value["mode"]) if "mode" in value else None,
         tenant_key=value.get("tenant_key"),
@@ -334,6 +348,8 @@ def _route_options(value: Any) -> RouteOptions:
         overfetch_factor=None if factor is None else _factor(factor),
         substitute_superseded=value.get("substitute_superseded"),
         pass_upstream_errors=value.get("pass_upstream_errors"),
+        hashed_fields=_names_or_none(value.get("hashed_fields")),
+        releasable_fields=_names_or_none(value.get("releasable_fields")),
         format=value.get("format"),
     )
 
@@ -431,8 +447,21 @@ def _check_formats(settings: Settings) -> None:
 def format_table(settings: Settings) -> FormatTable:
     """The format adapters these settings configure; raises ValueError naming the option."""
     pinned = {prefix: o.format for prefix, o in settings.routes.items() if o.format is not None}
+    fields_per_route = {
+        prefix: {
+            name: list(value)
+            for name in ("hashed_fields", "releasable_fields")
+            if (value := getattr(options, name)) is not None
+        }
+        for prefix, options in settings.routes.items()
+        if options.hashed_fields is not None or options.releasable_fields is not None
+    }
     return build_format_table(
-        settings.formats, pinned, text_field=settings.text_field, id_field=settings.id_field
+        settings.formats,
+        pinned,
+        text_field=settings.text_field,
+        id_field=settings.id_field,
+        route_options=fields_per_route,
     )
 
 

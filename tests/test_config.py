@@ -110,6 +110,14 @@ def test_route_policy_resolves_push_down_and_overfetch() -> None:
         ({"identity": "trusted-headers", "routes": {"/x/": {"mod": "audit"}}}, "'mod'"),
         ({"identity": "trusted-headers", "tenant_key": ""}, "'tenant_key'"),
         ({"identity": "trusted-headers", "routes": {"/x/": {"tenant_key": ""}}}, "tenant_key"),
+        (
+            {"identity": "trusted-headers", "routes": {"/x/": {"releasable_fields": "title"}}},
+            "releasable_fields must be a list",
+        ),
+        (
+            {"identity": "trusted-headers", "routes": {"/x/": {"hashed_fields": ["a..b"]}}},
+            "hashed_fields",
+        ),
     ],
 )
 def test_identity_and_route_settings_are_checked(

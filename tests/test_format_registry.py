@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
 from sidecar.config import ConfigError, format_table, load_settings
@@ -225,3 +227,43 @@ def test_under_a_pinned_prefix_an_unknown_route_is_content() -> None:
     # The prefix matches whole segments only.
     assert pinned.route_kind(Route("GET", "/es-other/x")) is None
     assert pinned.route_kind(Route("GET", "/es")) is RouteKind.CONTENT
+
+
+# -- fields released per route ---------------------------------------------------
+
+
+def _released_payload(table: FormatTable, path: str) -> Any:
+    body = orjson.dumps(
+        {"result": [{"id": 1, "score": 0.5, "payload": {"text": "t", "title": "T", "page": 2}}]}
+    )
+    fmt = table.response_format(Route("POST", path))
+    assert fmt is not None
+    parsed = fmt.parse(body, Route("POST", path))
+    return orjson.loads(parsed.render({0}))["result"][0]["payload"]
+
+
+def test_a_route_releases_its_own_fields() -> None:
+    table = build_format_table(
+        {"qdrant": {"releasable_fields": ["page"]}, "pinecone": {"enabled": False}},
+        {},
+        text_field="text",
+        id_field=None,
+        route_options={"/collections/titled": {"releasable_fields": ["title"]}},
+    )
+    assert _released_payload(table, "/collections/docs/points/search") == {"text": "t", "page": 2}
+    assert _released_payload(table, "/collections/titled/points/search") == {
+        "text": "t",
+        "title": "T",
+    }
+
+
+def test_an_adapter_switched_off_stays_off_on_a_route_with_its_own_fields() -> None:
+    options: dict[str, dict[str, Any]] = {"pinecone": {"enabled": False}}
+    everywhere = {"/": {"releasable_fields": ["title"]}}
+    table = build_format_table(
+        options, {}, text_field="text", id_field=None, route_options=everywhere
+    )
+    assert table.classify(Route("POST", "/query")) is None
+    table = build_format_table({}, {}, text_field="text", id_field=None, route_options=everywhere)
+    found = table.classify(Route("POST", "/query"))
+    assert found is not None and found[0].name == "pinecone"

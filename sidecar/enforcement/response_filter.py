@@ -71,6 +71,7 @@ def _heavy_body(body: bytes) -> bool:
         return False
     return len(body) > _OFF_LOOP_ALWAYS_BYTES or body.count(b"{") > _OFF_LOOP_OBJECTS
 
+
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 

@@ -73,15 +73,24 @@ def classify(
 
 
 class FormatTable:
-    """The formats in detection order, and the route prefixes pinned to one of them."""
+    """The formats in detection order, and the route prefixes pinned to one of them.
+
+    Routes can have formats of their own: the same adapters, built with other
+    options (the fields a route releases).
+    """
 
     def __init__(
-        self, formats: Sequence[ResponseFormat], pinned: Mapping[str, str] | None = None
+        self,
+        formats: Sequence[ResponseFormat],
+        pinned: Mapping[str, str] | None = None,
+        per_route: Mapping[str, Sequence[ResponseFormat]] | None = None,
     ) -> None:
-        """``pinned`` maps a path prefix to a format name (longest prefix wins)."""
+        """``pinned`` maps a path prefix to a format name; ``per_route`` a path prefix to
+        the formats that serve it instead of ``formats`` (longest prefix wins)."""
         self.formats = tuple(formats)
         self._by_name = {fmt.name: fmt for fmt in self.formats}
         self._pinned = dict(pinned or {})
+        self._per_route = {prefix: tuple(found) for prefix, found in (per_route or {}).items()}
         for prefix, name in self._pinned.items():
             if name not in self._by_name:
                 raise ValueError(f"route {prefix!r}: no enabled format is named {name!r}")
@@ -93,10 +102,15 @@ class FormatTable:
         does not know is content: the prefix says what is behind it, so an
         unrecognised route there is not just any unknown route.
         """
-        prefix = max((p for p in self._pinned if path_under(route.path, p)), key=len, default=None)
+        formats = self.formats
+        own = _longest(self._per_route, route.path)
+        if own is not None:
+            formats = self._per_route[own]
+        prefix = _longest(self._pinned, route.path)
         if prefix is None:
-            return classify(route, self.formats)
-        pinned = self._by_name[self._pinned[prefix]]
+            return classify(route, formats)
+        name = self._pinned[prefix]
+        pinned = next(fmt for fmt in formats if fmt.name == name)
         return classify(route, [pinned]) or (pinned, RouteKind.CONTENT)
 
     def route_kind(self, route: Route) -> RouteKind | None:
@@ -125,12 +139,18 @@ class FormatTable:
         return found[0]
 
 
+def _longest(prefixes: Mapping[str, object], path: str) -> str | None:
+    """The longest of ``prefixes`` that ``path`` is under, by whole segments."""
+    return max((p for p in prefixes if path_under(path, p)), key=len, default=None)
+
+
 def build_format_table(
     options: Mapping[str, Mapping[str, Any]],
     pinned: Mapping[str, str],
     *,
     text_field: str,
     id_field: str | None,
+    route_options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> FormatTable:
     """Build the adapters from the ``formats`` settings table.
 
@@ -140,7 +160,26 @@ def build_format_table(
     ``id_field`` are the defaults for the adapters that take them. An adapter
     takes only the options it uses: any other is refused. Raises ValueError
     naming the format and the option that is wrong.
+
+    ``route_options`` maps a path prefix to options that every adapter serving
+    it takes in place of its own (``hashed_fields``, ``releasable_fields``).
     """
+    formats = _build(options, text_field, id_field)
+    per_route = {
+        prefix: _build(
+            # Switched-off adapters stay off: only the enabled ones take the overrides.
+            {**options, **{f.name: {**options.get(f.name, {}), **overrides} for f in formats}},
+            text_field,
+            id_field,
+        )
+        for prefix, overrides in (route_options or {}).items()
+    }
+    return FormatTable(formats, pinned, per_route)
+
+
+def _build(
+    options: Mapping[str, Mapping[str, Any]], text_field: str, id_field: str | None
+) -> list[ResponseFormat]:
     defaults = {"text_field": text_field, "id_field": id_field}
     generic: list[ResponseFormat] = []
     built_in: dict[str, ResponseFormat] = {}
@@ -162,7 +201,7 @@ def build_format_table(
         if not _enabled(name, table):
             continue
         generic.append(_make(name, GenericFormat, {"name": name, **table}, defaults))
-    return FormatTable([*generic, *built_in.values()], pinned)
+    return [*generic, *built_in.values()]
 
 
 def _enabled(name: str, table: dict[str, Any]) -> bool:
