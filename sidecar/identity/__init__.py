@@ -1,7 +1,8 @@
 """The caller: who is asking, as established from verified identity.
 
-Providers turn what the sidecar sees of a request's headers (headers and the
-filter metadata of earlier filters, such as ``jwt_authn``) into a
+Providers turn what the sidecar sees of a request's headers (headers, the
+filter metadata of earlier filters, such as ``jwt_authn``, and Envoy's
+attributes of the connection, such as the peer certificate's URI SAN) into a
 :class:`Caller`. The caller stays with the request's ext_proc stream (or, when
 a mesh's ext_authz filter admits requests, travels as Envoy dynamic metadata),
 never as a header a client or upstream could set.
@@ -25,6 +26,9 @@ class AuthRequest:
     headers: Mapping[str, str]  # lowercase names
     # Filter metadata set by earlier Envoy filters, by namespace (e.g. jwt_authn's payload).
     metadata: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Envoy's own attributes of the request and its connection, by attribute name
+    # (e.g. connection.uri_san_peer_certificate): what the filter was asked to send.
+    attributes: Mapping[str, Any] = field(default_factory=dict)
 
 
 class IdentityProvider(Protocol):
