@@ -1,0 +1,141 @@
+"""Tracing for one sidecar process, configured only by the standard ``OTEL_*`` variables.
+
+``OTEL_TRACES_EXPORTER`` chooses: ``otlp`` (OTLP over gRPC to
+``OTEL_EXPORTER_OTLP_ENDPOINT``), ``console`` (JSON on standard output), both
+(``otlp,console``) or ``none``. Unset means off, unlike the SDK's own default
+of ``otlp``: a gate that nobody asked to trace makes no spans and opens no
+connection. Everything else (service name, resource attributes, sampler,
+batching, endpoint, headers, TLS, timeouts, compression) the SDK and the
+exporter read from their own variables.
+
+Each process that serves streams starts its own provider (``Sidecar``
+builds one per process; with ``workers = N`` that is once per worker), since
+an exporter's thread and gRPC channel do not survive into another process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from opentelemetry.environment_variables import OTEL_TRACES_EXPORTER
+from opentelemetry.sdk.environment_variables import (
+    OTEL_EXPORTER_OTLP_PROTOCOL,
+    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
+    OTEL_SDK_DISABLED,
+)
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.trace import Tracer
+
+import sidecar
+from sidecar.config import ConfigError
+from sidecar.store.cache import CacheObserver
+from sidecar.tracing import count_cache
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SERVICE_NAME = "retrieval-gate"
+TRACER_NAME = "retrieval_gate"
+EXPORTERS = ("otlp", "console", "none")
+
+
+def exporter_names() -> list[str]:
+    """The exporters the ``OTEL_*`` variables ask for; none when tracing is off.
+
+    Raises ConfigError for an exporter or an OTLP protocol this build does not
+    have: a typo must not silently lose every trace.
+    """
+    if os.environ.get(OTEL_SDK_DISABLED, "").strip().lower() == "true":
+        return []
+    names = [n.strip().lower() for n in os.environ.get(OTEL_TRACES_EXPORTER, "").split(",")]
+    names = [n for n in names if n and n != "none"]
+    for name in names:
+        if name not in EXPORTERS:
+            raise ConfigError(
+                f"{OTEL_TRACES_EXPORTER}: unknown exporter {name!r} (one of {', '.join(EXPORTERS)})"
+            )
+    if "otlp" in names:
+        protocol = os.environ.get(
+            OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, os.environ.get(OTEL_EXPORTER_OTLP_PROTOCOL, "grpc")
+        )
+        if protocol.strip().lower() != "grpc":
+            raise ConfigError(
+                f"OTLP protocol {protocol!r}: this build exports traces over grpc only"
+            )
+    return names
+
+
+def start_tracing() -> TracerProvider | None:
+    """This process's tracer provider, as the ``OTEL_*`` variables say; None when tracing is off.
+
+    Raises ConfigError as ``exporter_names`` does.
+    """
+    names = exporter_names()
+    if not names:
+        return None
+    exporters = [_exporter(name) for name in names]
+    resource = Resource.create()
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+    provider = TracerProvider(resource=resource)
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    log.info(
+        "tracing on: service %s, exporters %s",
+        resource.attributes.get(SERVICE_NAME),
+        ", ".join(names),
+    )
+    return provider
+
+
+def gate_tracer(provider: TracerProvider) -> Tracer:
+    """The tracer the response path makes its spans with."""
+    return provider.get_tracer(TRACER_NAME, sidecar.__version__)
+
+
+def _exporter(name: str) -> SpanExporter:
+    """The exporter ``name`` (one of ``exporter_names()``)."""
+    if name == "console":
+        # Standard output as it is now: the SDK's default is whatever it was at import.
+        return ConsoleSpanExporter(out=sys.stdout)
+    # Imported here: it takes about 0.2 s, which a gate that exports nothing need not pay.
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter()
+
+
+class TracedCacheObserver(CacheObserver):
+    """Passes every cache event on to ``inner`` and counts hits and misses
+    towards the traced store lookup running, if any (``sidecar.tracing.count_cache``)."""
+
+    def __init__(self, inner: CacheObserver) -> None:
+        self._inner = inner
+
+    def hit(self, n: int) -> None:
+        count_cache(hits=n)
+        self._inner.hit(n)
+
+    def miss(self, n: int) -> None:
+        count_cache(misses=n)
+        self._inner.miss(n)
+
+    def store_error(self) -> None:
+        self._inner.store_error()
+
+    def store_latency(self, seconds: float) -> None:
+        self._inner.store_latency(seconds)
+
+    def evicted(self, n: int) -> None:
+        self._inner.evicted(n)
+
+    def invalidated(self, n: int) -> None:
+        self._inner.invalidated(n)
+
+    def cleared(self) -> None:
+        self._inner.cleared()
+
+    def stale_served(self, n: int) -> None:
+        self._inner.stale_served(n)
