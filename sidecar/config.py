@@ -20,6 +20,8 @@ from sidecar.core.hits import path_under
 from sidecar.core.modes import Mode, RoutePolicy
 from sidecar.formats.registry import FormatTable, build_format_table
 from sidecar.identity.claims import DEFAULT_PRINCIPAL_CLAIMS
+from sidecar.identity.spiffe import WorkloadMap
+from sidecar.metrics import check_metric_collections
 
 
 class ConfigError(ValueError):
@@ -30,6 +32,7 @@ class IdentityMode(StrEnum):
     JWT = "jwt"  # the sidecar verifies the bearer token
     ENVOY_JWT = "envoy-jwt"  # Envoy's jwt_authn verifies it; the sidecar reads the payload
     TRUSTED_HEADERS = "trusted-headers"  # development only: x-gate-tenant / x-gate-principals
+    MESH_MTLS = "mesh-mtls"  # the peer's verified SPIFFE id, mapped by the workloads table
 
 
 def default_policy_dir() -> Path:
@@ -91,7 +94,8 @@ class Settings:
         default=None,
         metadata=about(
             "who the caller is: jwt (the sidecar verifies the token), envoy-jwt "
-            "(Envoy verifies it), trusted-headers (development only); required"
+            "(Envoy verifies it), mesh-mtls (the client certificate's SPIFFE id), "
+            "trusted-headers (development only); required"
         ),
     )
     store: str = field(
@@ -123,6 +127,13 @@ class Settings:
         default=(),
         metadata=about("reason codes your policy may emit as metric labels, comma-separated"),
     )
+    metric_collections: tuple[str, ...] = field(
+        default=(),
+        metadata=about(
+            "collections counted under their own name in the metrics' collection label "
+            "(any other: other), comma-separated"
+        ),
+    )
     # Identity: JWT verification (identity jwt) and Envoy's jwt_authn (envoy-jwt).
     jwks: str | None = field(default=None, metadata=about(f"JWKS file or http(s) URL {_KEYS}"))
     jwt_public_key: Path | None = field(
@@ -145,6 +156,14 @@ class Settings:
     jwt_leeway_seconds: float = field(
         default=30.0, metadata=about("clock skew allowed on exp, nbf and iat")
     )
+    # Istio's RequestAuthentication writes the payload under its own key.
+    jwt_payload_key: str = field(
+        default="jwt_payload",
+        metadata=about(
+            "key of the verified payload in Envoy jwt_authn's metadata (envoy-jwt); "
+            "Istio 1.21+ RequestAuthentication: payload"
+        ),
+    )
     tenant_claim: str = field(default="tenant", metadata=about("claim holding the tenant"))
     principal_claims: dict[str, str] = field(
         default_factory=lambda: dict(DEFAULT_PRINCIPAL_CLAIMS),
@@ -154,6 +173,25 @@ class Settings:
     )
     drafts_scope: str | None = field(
         default=None, metadata=about("token scope that allows reading draft chunks")
+    )
+    # Identity mesh-mtls: SPIFFE id or pattern -> {tenant, principals, drafts}.
+    workloads: dict[str, dict[str, Any]] = field(
+        default_factory=dict,
+        metadata=about(
+            "SPIFFE id or pattern -> tenant, principals, drafts (identity mesh-mtls)",
+            file_only="a table of SPIFFE id = {tenant, principals, drafts}",
+        ),
+    )
+    # proxy: Envoy terminates mTLS on its listener (all three, or none).
+    tls_cert_file: Path | None = field(
+        default=None, metadata=about("proxy: the listener's certificate chain, PEM (mTLS)")
+    )
+    tls_key_file: Path | None = field(
+        default=None, metadata=about("proxy: the listener's private key, PEM (mTLS)")
+    )
+    tls_client_ca_file: Path | None = field(
+        default=None,
+        metadata=about("proxy: CA bundle, PEM, that client certificates must chain to (mTLS)"),
     )
     # Request path: push the caller's tenant down into the vector DB query and
     # over-fetch so that filtering does not return short pages.
@@ -302,7 +340,16 @@ _POSITIVE_INTS = (
 # A zero TTL would make the cache unusable, not off: a fresh entry must live a while.
 _POSITIVE_FLOATS = ("cache_ttl_seconds", "negative_cache_ttl_seconds")
 _NON_NEGATIVE_FLOATS = ("jwt_leeway_seconds", "stale_if_error_seconds")
-_PATHS = ("policy_dir", "policy_data", "audit_log", "jwt_public_key", "jwt_hmac_secret_file")
+# The proxy's mTLS listener: all three or none (checked where proxy uses them).
+TLS_FILES = ("tls_cert_file", "tls_key_file", "tls_client_ca_file")
+_PATHS = (
+    "policy_dir",
+    "policy_data",
+    "audit_log",
+    "jwt_public_key",
+    "jwt_hmac_secret_file",
+    *TLS_FILES,
+)
 
 
 def _names_or_none(value: list[str] | None) -> tuple[str, ...] | None:
@@ -368,6 +415,11 @@ def _convert(name: str, value: Any) -> Any:
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
                 raise TypeError("must be a table of format name = {options}")
             return {str(k): dict(v) for k, v in value.items()}
+        if name == "workloads":
+            if not isinstance(value, dict):
+                raise TypeError("must be a table of SPIFFE id = {tenant, principals, drafts}")
+            WorkloadMap.parse(value)
+            return {str(k): dict(v) for k, v in value.items()}
         if name == "principal_claims":
             if not isinstance(value, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) and k and v for k, v in value.items()
@@ -380,6 +432,14 @@ def _convert(name: str, value: Any) -> Any:
             if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
                 raise TypeError("must be a list of strings")
             return tuple(value)
+        if name == "metric_collections":
+            if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+                raise TypeError("must be a list of strings")
+            return check_metric_collections(value)
+        if name == "jwt_payload_key":
+            if not isinstance(value, str) or not value:
+                raise ValueError("must be a non-empty metadata key")
+            return value
         if name == "overfetch_factor":
             return _factor(value)
         if name == "tenant_key":
@@ -427,6 +487,14 @@ def _check_identity(settings: Settings) -> None:
             )
         if not settings.issuer or not settings.audience:
             raise ConfigError(f"identity {settings.identity.value!r} needs --issuer and --audience")
+
+
+def _check_mesh(settings: Settings) -> None:
+    if settings.identity is IdentityMode.MESH_MTLS and not settings.workloads:
+        raise ConfigError(
+            "identity 'mesh-mtls' needs a [workloads] table in the settings file "
+            "(SPIFFE id = {tenant = ..., principals = [...]})"
+        )
 
 
 def _check_audit(settings: Settings) -> None:
@@ -484,6 +552,7 @@ def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = N
             values[name] = _convert(name, value)
     settings = replace(Settings(), **values)
     _check_identity(settings)
+    _check_mesh(settings)
     _check_audit(settings)
     _check_formats(settings)
     return settings

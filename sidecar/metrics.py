@@ -1,15 +1,18 @@
 """Prometheus instruments. Names and labels are part of the public interface.
 
 Label values come only from closed sets (decisions, reason codes, declared
-custom reasons, format names, outcomes): never chunk text, ids or callers.
+custom reasons, format names, outcomes, the operator's allowlist of
+collections): never chunk text, ids or callers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from sidecar.core.reasons import Reason
 
 # Responses are usually decided in well under 10 ms; the upper buckets catch
 # cold-store and overload tails.
@@ -21,12 +24,50 @@ ADMITTED_REASON = "NONE"
 # ``Outcome`` values, so gate failures (``error``) stay apart from the database's.
 UPSTREAM_ERROR_OUTCOME = "upstream_error"
 
+# The ``collection`` label: a collection on the ``metric_collections``
+# allowlist by its name; ``other`` for any other collection, several
+# collections or a pattern; ``none`` when the route names no collection (or
+# the response is on no search route). Collection names are the client's, so
+# only the allowlist keeps the label's values a closed set.
+NO_COLLECTION = "none"
+OTHER_COLLECTION = "other"
+RESERVED_COLLECTION_LABELS = frozenset({NO_COLLECTION, OTHER_COLLECTION})
+
+# Reasons whose first occurrence an alert must see (deploy/prometheus): their
+# series exist at 0 from the start, because rate() and increase() never count
+# the first value of a series that appears already incremented.
+PRESET_REASONS = (
+    Reason.HASH_MISMATCH,
+    Reason.PAYLOAD_HASH_MISMATCH,
+    Reason.METADATA_UNAVAILABLE,
+    Reason.POLICY_ERROR,
+)
+
+
+def check_metric_collections(names: Iterable[str]) -> tuple[str, ...]:
+    """``names`` as an allowlist of collection label values; raises ValueError.
+
+    ``none`` and ``other`` are taken: an allowlisted collection of that name
+    would be counted together with what those values stand for.
+    """
+    allowlist = tuple(dict.fromkeys(names))
+    for name in allowlist:
+        if not name:
+            raise ValueError("a collection name must not be empty")
+        if name in RESERVED_COLLECTION_LABELS:
+            raise ValueError(f"{name!r} is a reserved label value (none, other)")
+    return allowlist
+
 
 class GateMetrics:
     """All of the gate's instruments, registered in one registry."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, collections: Iterable[str] = ()
+    ) -> None:
+        """``collections``: the allowlist of collections labelled by name (others: ``other``)."""
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._collections = frozenset(check_metric_collections(collections))
         r = self.registry
 
         def counter(name: str, documentation: str, labels: tuple[str, ...] = ()) -> Counter:
@@ -34,14 +75,28 @@ class GateMetrics:
 
         self.chunks = counter(
             "retrieval_gate_chunks",
-            "Chunks decided, by decision, primary reason (NONE when admitted) and format.",
-            ("decision", "reason", "format"),
+            "Chunks decided, by decision, primary reason (NONE when admitted), format "
+            "and collection.",
+            ("decision", "reason", "format", "collection"),
+        )
+        self.chunk_reasons = counter(
+            "retrieval_gate_chunk_reasons",
+            "Reasons of the rejected chunks, every reason of each chunk (not only the "
+            "primary one), by format and collection: drift shows whatever else is wrong.",
+            ("reason", "format", "collection"),
+        )
+        self.pushdown_tenant_mismatches = counter(
+            "retrieval_gate_pushdown_tenant_mismatches",
+            "Chunks of another tenant in answers to searches the gate had confined to the "
+            "caller's tenant (push-down): the database ignored the filter. Should stay 0.",
+            ("format", "collection"),
         )
         self.responses = counter(
             "retrieval_gate_responses",
             "Responses seen, by outcome "
-            "(filtered, abstained, blocked, passthrough, error, upstream_error).",
-            ("outcome", "format"),
+            "(filtered, abstained, blocked, passthrough, error, upstream_error), format "
+            "and collection.",
+            ("outcome", "format", "collection"),
         )
         self.decision_seconds = Histogram(
             "retrieval_gate_decision_seconds",
@@ -116,25 +171,59 @@ class GateMetrics:
 
         # labels() is slow next to inc(): children are kept per label values.
         # Their number is bounded by the closed label sets.
-        self._chunk_children: dict[tuple[str, str, str], Any] = {}
-        self._response_children: dict[tuple[str, str], Any] = {}
+        self._chunk_children: dict[tuple[str, str, str, str], Any] = {}
+        self._reason_children: dict[tuple[str, str, str], Any] = {}
+        self._response_children: dict[tuple[str, str, str], Any] = {}
 
-    def count_chunks(self, format_name: str, counts: Mapping[tuple[str, str], int]) -> None:
+    def preset(self, format_names: Iterable[str]) -> None:
+        """Create the series alerts wait for at 0, for each format and collection label.
+
+        ``PRESET_REASONS`` in ``retrieval_gate_chunk_reasons_total`` and
+        ``retrieval_gate_pushdown_tenant_mismatches_total``: one tampered or
+        leaked chunk must raise its alert even when it is the first ever seen.
+        """
+        collections = [*sorted(self._collections), OTHER_COLLECTION, NO_COLLECTION]
+        for format_name in format_names:
+            for collection in collections:
+                self.count_reasons(format_name, collection, dict.fromkeys(PRESET_REASONS, 0))
+                self.pushdown_tenant_mismatches.labels(format_name, collection)
+
+    def collection_label(self, names: Sequence[str]) -> str:
+        """The ``collection`` label of a route naming ``names`` (see NO_COLLECTION)."""
+        if not names:
+            return NO_COLLECTION
+        if len(names) == 1 and names[0] in self._collections:
+            return names[0]
+        return OTHER_COLLECTION
+
+    def count_chunks(
+        self, format_name: str, collection: str, counts: Mapping[tuple[str, str], int]
+    ) -> None:
         """Add ``counts`` per (decision, primary reason) to ``retrieval_gate_chunks_total``."""
         children = self._chunk_children
         for (decision, reason), n in counts.items():
-            key = (decision, reason, format_name)
+            key = (decision, reason, format_name, collection)
             child = children.get(key)
             if child is None:
-                child = children[key] = self.chunks.labels(decision, reason, format_name)
+                child = children[key] = self.chunks.labels(*key)
             child.inc(n)
 
-    def count_response(self, outcome: str, format_name: str) -> None:
+    def count_reasons(self, format_name: str, collection: str, counts: Mapping[str, int]) -> None:
+        """Add ``counts`` per reason to ``retrieval_gate_chunk_reasons_total``."""
+        children = self._reason_children
+        for reason, n in counts.items():
+            key = (reason, format_name, collection)
+            child = children.get(key)
+            if child is None:
+                child = children[key] = self.chunk_reasons.labels(*key)
+            child.inc(n)
+
+    def count_response(self, outcome: str, format_name: str, collection: str) -> None:
         """Count one response in ``retrieval_gate_responses_total``."""
-        key = (outcome, format_name)
+        key = (outcome, format_name, collection)
         child = self._response_children.get(key)
         if child is None:
-            child = self._response_children[key] = self.responses.labels(outcome, format_name)
+            child = self._response_children[key] = self.responses.labels(*key)
         child.inc()
 
     # CacheObserver protocol (sidecar.store.cache): keeps the cache free of Prometheus.

@@ -20,7 +20,7 @@ from sidecar.runtime.signals import DIED, STOPPED
 SETTINGS = fields(Settings)
 HINTS = get_type_hints(Settings)
 FLAGGED = [f for f in SETTINGS if flag_name(f) is not None]
-FILE_ONLY = {"routes", "formats", "principal_claims"}
+FILE_ONLY = {"routes", "formats", "principal_claims", "workloads"}
 
 # Given before the flag under test (which, coming last, wins): enough for
 # load_settings to accept any one of the others.

@@ -12,6 +12,15 @@ from sidecar.config import IdentityMode, Settings
 from sidecar.runtime.bootstrap import Upstream, build_bootstrap
 from sidecar.runtime.envoy_process import find_envoy
 from sidecar.runtime.jwt_authn import write_generated_jwks
+from tests.fixtures.envoy_configs import (
+    EXT_PROC,
+    REFERENCE_IDENTITY,
+    gate_parts,
+    generated,
+    http_filter,
+    listener,
+    yaml_documents,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.envoy
@@ -29,6 +38,19 @@ def validate(config: Path) -> subprocess.CompletedProcess[str]:
 def test_reference_envoy_yaml_is_valid() -> None:
     done = validate(ROOT / "deploy" / "envoy" / "envoy.yaml")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_reference_envoy_yaml_is_what_proxy_generates() -> None:
+    # One source of truth: the commented reference and the code may differ
+    # only in addresses, so a fail-closed setting changed in one is caught.
+    (shipped,) = yaml_documents((ROOT / "deploy" / "envoy" / "envoy.yaml").read_text())
+    assert gate_parts(shipped) == gate_parts(generated(Settings(**REFERENCE_IDENTITY)))
+
+
+def test_the_comparison_sees_a_changed_fail_closed_setting() -> None:
+    (shipped,) = yaml_documents((ROOT / "deploy" / "envoy" / "envoy.yaml").read_text())
+    http_filter(listener(shipped), EXT_PROC)["failure_mode_allow"] = True
+    assert gate_parts(shipped) != gate_parts(generated(Settings(**REFERENCE_IDENTITY)))
 
 
 @pytest.mark.parametrize("upstream", ["http://127.0.0.1:6333", "https://vectors.example:443"])

@@ -169,11 +169,32 @@ def test_metrics_count_every_chunk_by_primary_reason(core: Core) -> None:
     for _ in range(3):
         core.search("1", "2", "3", "404")
     chunks = "retrieval_gate_chunks_total"
-    assert core.sample(chunks, decision="admitted", reason="NONE", format="qdrant") == 6
-    assert core.sample(chunks, decision="rejected", reason="STATUS_REVOKED", format="qdrant") == 3
-    assert core.sample(chunks, decision="rejected", reason="MISSING_METADATA", format="qdrant") == 3
+    assert (
+        core.sample(chunks, decision="admitted", reason="NONE", format="qdrant", collection="other")
+        == 6
+    )
+    assert (
+        core.sample(
+            chunks,
+            decision="rejected",
+            reason="STATUS_REVOKED",
+            format="qdrant",
+            collection="other",
+        )
+        == 3
+    )
+    assert (
+        core.sample(
+            chunks,
+            decision="rejected",
+            reason="MISSING_METADATA",
+            format="qdrant",
+            collection="other",
+        )
+        == 3
+    )
     responses = "retrieval_gate_responses_total"
-    assert core.sample(responses, outcome="filtered", format="qdrant") == 3
+    assert core.sample(responses, outcome="filtered", format="qdrant", collection="other") == 3
     # Three unique records per response; the first response evaluated them.
     assert core.sample("retrieval_gate_verdict_cache_misses_total") == 3
     assert core.sample("retrieval_gate_verdict_cache_hits_total") == 6
@@ -259,7 +280,12 @@ def test_an_unreadable_body_is_recorded_without_decisions(core: Core) -> None:
     assert record["outcome"] == "error"
     for absent in ("candidates", "rejected", "admitted", "released", "policy_version"):
         assert absent not in record
-    assert core.sample("retrieval_gate_responses_total", outcome="error", format="qdrant") == 1
+    assert (
+        core.sample(
+            "retrieval_gate_responses_total", outcome="error", format="qdrant", collection="other"
+        )
+        == 1
+    )
 
 
 def _on_a_full_disk(core: Core, mode: Mode = Mode.ENFORCE) -> ResponseFilter:
@@ -283,7 +309,12 @@ def test_a_decision_that_cannot_be_recorded_is_not_released(
         assert fmt is not None
         result = asyncio.run(core.filter.filter(fmt, SEARCH, ALICE, "req-1", body))
     assert (result.status, result.body) == (500, b'{"error":"audit_unavailable"}')
-    assert core.sample("retrieval_gate_responses_total", outcome="error", format="qdrant") == 1
+    assert (
+        core.sample(
+            "retrieval_gate_responses_total", outcome="error", format="qdrant", collection="other"
+        )
+        == 1
+    )
     assert core.sample("retrieval_gate_audit_errors_total") == 1
 
 
@@ -329,7 +360,12 @@ def test_a_body_over_max_hits_is_refused_recorded_and_counted(core: Core, mode: 
     }
     assert record["error"] == "upstream_too_many_hits" and record["outcome"] == "error"
     assert "candidates" not in record
-    assert core.sample("retrieval_gate_responses_total", outcome="error", format="qdrant") == 1
+    assert (
+        core.sample(
+            "retrieval_gate_responses_total", outcome="error", format="qdrant", collection="other"
+        )
+        == 1
+    )
 
 
 def test_audit_mode_passes_a_body_over_max_hits_and_records_it(core: Core) -> None:

@@ -46,7 +46,7 @@ def test_a_body_over_max_hits_is_502_and_recorded(bounded: GateStack) -> None:
     path = SEARCH.format("docs")
     bounded.upstream.respond("POST", path, CannedResponse(body_of(3)))
     assert search_ids(bounded.search(path)) == [1, 2]
-    counted = 'retrieval_gate_responses_total{format="qdrant",outcome="error"}'
+    counted = 'retrieval_gate_responses_total{collection="other",format="qdrant",outcome="error"}'
     before = bounded.metric(counted)
     bounded.upstream.respond("POST", path, CannedResponse(body_of(4)))
     response = bounded.search(path)

@@ -238,14 +238,23 @@ def test_raw_query_body_headers_audit_and_metrics(stack: GateStack, direct: Coll
     def delta(sample: str) -> float:
         return after.get(sample, 0.0) - before.get(sample, 0.0)
 
-    admitted = 'retrieval_gate_chunks_total{decision="admitted",format="chroma",reason="NONE"}'
+    admitted = (
+        'retrieval_gate_chunks_total{collection="other",decision="admitted",'
+        'format="chroma",reason="NONE"}'
+    )
     assert delta(admitted) == len(ADMITTED) * len(QUERIES)
     for reason in EXPECTED_REASONS.values():
         sample = (
-            f'retrieval_gate_chunks_total{{decision="rejected",format="chroma",reason="{reason}"}}'
+            'retrieval_gate_chunks_total{collection="other",decision="rejected",'
+            f'format="chroma",reason="{reason}"}}'
         )
         assert delta(sample) == len(QUERIES), reason
-    assert delta('retrieval_gate_responses_total{format="chroma",outcome="filtered"}') == 1
+    assert (
+        delta(
+            'retrieval_gate_responses_total{collection="other",format="chroma",outcome="filtered"}'
+        )
+        == 1
+    )
 
 
 def test_raw_get_body_matches_the_schema(stack: GateStack, direct: Collection) -> None:

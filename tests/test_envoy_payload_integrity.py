@@ -58,7 +58,7 @@ SEARCH = "/collections/docs/points/search"
 REQUEST = {"vector": [0.1, 0.2], "limit": 10, "with_payload": True}
 MISMATCH = (
     "retrieval_gate_chunks_total"
-    '{decision="rejected",format="qdrant",reason="PAYLOAD_HASH_MISMATCH"}'
+    '{collection="other",decision="rejected",format="qdrant",reason="PAYLOAD_HASH_MISMATCH"}'
 )
 
 

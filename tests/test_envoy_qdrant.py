@@ -165,14 +165,23 @@ def test_audit_record_lists_every_reason_and_metrics_match(stack: GateStack) -> 
         return after.get(sample, 0.0) - before.get(sample, 0.0)
 
     assert (
-        delta('retrieval_gate_chunks_total{decision="admitted",format="qdrant",reason="NONE"}') == 3
+        delta(
+            'retrieval_gate_chunks_total{collection="other",decision="admitted",format="qdrant",reason="NONE"}'
+        )
+        == 3
     )
     for reason in EXPECTED_REASONS.values():
         sample = (
-            f'retrieval_gate_chunks_total{{decision="rejected",format="qdrant",reason="{reason}"}}'
+            'retrieval_gate_chunks_total{collection="other",decision="rejected",'
+            f'format="qdrant",reason="{reason}"}}'
         )
         assert delta(sample) == 1, reason
-    assert delta('retrieval_gate_responses_total{format="qdrant",outcome="filtered"}') == 1
+    assert (
+        delta(
+            'retrieval_gate_responses_total{collection="other",format="qdrant",outcome="filtered"}'
+        )
+        == 1
+    )
     assert delta("retrieval_gate_decision_seconds_count") == 1
 
 

@@ -74,7 +74,7 @@ def test_an_upstream_error_keeps_its_status_but_not_its_text_or_headers(
     stack: GateStack, status: int
 ) -> None:
     counted = stack.metric(
-        'retrieval_gate_responses_total{format="qdrant",outcome="upstream_error"}'
+        'retrieval_gate_responses_total{collection="other",format="qdrant",outcome="upstream_error"}'
     )
     response = answer_error(stack, "docs", status)
     record = last_record(stack)
@@ -90,7 +90,9 @@ def test_an_upstream_error_keeps_its_status_but_not_its_text_or_headers(
     assert record["upstream_text"] == QUOTING.decode()
     assert (record["outcome"], record["error"]) == ("error", "upstream_error")
     assert (
-        stack.metric('retrieval_gate_responses_total{format="qdrant",outcome="upstream_error"}')
+        stack.metric(
+            'retrieval_gate_responses_total{collection="other",format="qdrant",outcome="upstream_error"}'
+        )
         == counted + 1
     )
 

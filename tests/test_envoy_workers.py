@@ -60,12 +60,14 @@ def test_every_stream_is_filtered_and_both_workers_serve(stack: GateStack) -> No
     assert all([h["id"] for h in r.json()["result"]] == [1] for r in responses)
     # Aggregated by the parent from every worker.
     assert (
-        stack.metric('retrieval_gate_responses_total{format="qdrant",outcome="filtered"}')
+        stack.metric(
+            'retrieval_gate_responses_total{collection="other",format="qdrant",outcome="filtered"}'
+        )
         == REQUESTS
     )
     assert (
         stack.metric(
-            'retrieval_gate_chunks_total{decision="rejected",format="qdrant",reason="STATUS_REVOKED"}'
+            'retrieval_gate_chunks_total{collection="other",decision="rejected",format="qdrant",reason="STATUS_REVOKED"}'
         )
         == REQUESTS
     )

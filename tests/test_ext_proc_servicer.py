@@ -205,7 +205,7 @@ def audit_records(sidecar: Sidecar) -> list[dict[str, Any]]:
 
 
 def responses_counted(sidecar: Sidecar, outcome: str) -> float:
-    labels = {"outcome": outcome, "format": "qdrant"}
+    labels = {"outcome": outcome, "format": "qdrant", "collection": "other"}
     value = sidecar.metrics.registry.get_sample_value("retrieval_gate_responses_total", labels)
     return value or 0.0
 

@@ -1587,7 +1587,7 @@ def _hits(draw: st.DrawFn, min_size: int = 0, max_size: int = 6) -> list[Hit]:
         source: dict[str, Any] = draw(
             st.dictionaries(
                 # Not the text, nor a keyword of the fixture builder.
-                st.text(max_size=6).filter(lambda k: k not in ("text", "score", "index")),
+                st.text(max_size=6).filter(lambda k: k not in ("text", "score", "index", "doc_id")),
                 json_values,
                 max_size=2,
             )

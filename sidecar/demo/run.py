@@ -198,7 +198,7 @@ async def _exercise(
     metrics = await asyncio.to_thread(_get, f"http://127.0.0.1:{metrics_port}/metrics")
     print("metrics: retrieval_gate_chunks_total for rejected chunks")
     for line in metrics.splitlines():
-        if line.startswith('retrieval_gate_chunks_total{decision="rejected"'):
+        if line.startswith("retrieval_gate_chunks_total{") and 'decision="rejected"' in line:
             print("  " + line)
     report = verify_chain(audit_log)
     verdict = "intact" if report.ok else f"BROKEN: {report.problem}"

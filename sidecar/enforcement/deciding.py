@@ -4,7 +4,7 @@ A large body is looked up and decided in slices, with the event loop free to
 serve other streams between them (see ``_LOOKUP_SLICE``). Also finds, when
 the route allows it, the successors that may take the place of superseded
 chunks: each successor is decided like any candidate, so nothing the caller
-may not read is ever substituted.
+may not read is ever substituted. Each store lookup is a span when tracing is on.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from sidecar.core.gate import Gate
 from sidecar.core.hits import Candidate, Replacement
 from sidecar.core.reasons import Reason
 from sidecar.store.cache import CachedStore, Lookup
+from sidecar.tracing import NO_TRACING, Tracing
 
 # A store lookup and a decision hold the event loop (the SQLite store and the
 # metadata cache work on it; regorus keeps the GIL while it evaluates, so a
@@ -57,10 +58,17 @@ class Decided:
 class Decider:
     """Looks candidates up in the (cached) store and asks the gate about them."""
 
-    def __init__(self, store: CachedStore, gate: Gate, clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        store: CachedStore,
+        gate: Gate,
+        clock: Callable[[], datetime],
+        tracing: Tracing = NO_TRACING,
+    ) -> None:
         self._store = store
         self._gate = gate
         self._clock = clock
+        self._tracing = tracing
 
     async def decide(
         self, caller: Caller, candidates: Sequence[Candidate], *, substitute: bool
@@ -70,7 +78,9 @@ class Decider:
         With ``substitute``, also the admitted successors of superseded candidates.
         """
         ids = {c.chunk_id for c in candidates if c.chunk_id is not None and c.text is not None}
-        lookup = await self._lookup(ids)
+        with self._tracing.lookup("candidates", len(ids)) as span:
+            lookup = await self._lookup(ids)
+            span.answered(len(lookup.records), len(lookup.unavailable))
         now = self._clock()
         verdict = await self._decide(caller, candidates, lookup, now)
         replacements: dict[int, Replacement] = {}
@@ -139,7 +149,10 @@ class Decider:
                 wanted[decision.position] = record.superseded_by
         if not wanted:
             return {}
-        lookup = await self._store.fetch_partial(set(wanted.values()))
+        ids = set(wanted.values())
+        with self._tracing.lookup("successors", len(ids)) as span:
+            lookup = await self._store.fetch_partial(ids)
+            span.answered(len(lookup.records), len(lookup.unavailable))
         successors = [
             Candidate(position, chunk_id, lookup.records[chunk_id].text)
             for position, chunk_id in wanted.items()

@@ -18,6 +18,7 @@ from sidecar.core.caller import Caller
 from sidecar.core.decision import Verdict
 from sidecar.core.modes import Mode
 from sidecar.core.outcome import Outcome
+from sidecar.core.reasons import Reason
 from sidecar.enforcement.deciding import Decided
 from sidecar.enforcement.releasing import Released
 from sidecar.metrics import ADMITTED_REASON, UPSTREAM_ERROR_OUTCOME, GateMetrics
@@ -42,6 +43,7 @@ class ResponseFacts:
     format_name: str
     mode: Mode
     started: float  # time.perf_counter() when the body arrived
+    collection: str  # the metrics' collection label (GateMetrics.collection_label)
 
 
 class Recorder:
@@ -90,12 +92,12 @@ class Recorder:
         )
         if decided.replacements:
             self._metrics.substitutions.inc(len(decided.replacements))
-        self._count(facts, verdict, released.outcome)
+        self._count(facts, verdict, released.outcome, tenant_filter)
 
     def unreadable(self, facts: ResponseFacts, outcome: Outcome, error: str) -> None:
         """Record and count a body that could not be read; raises AuditError."""
         self._write(self._record(facts, outcome, error=error))
-        self._metrics.count_response(outcome, facts.format_name)
+        self._metrics.count_response(outcome, facts.format_name, facts.collection)
 
     def upstream_error(
         self, facts: ResponseFacts, outcome: Outcome, error: str, upstream: UpstreamError
@@ -107,15 +109,15 @@ class Recorder:
         """
         self._write(self._record(facts, outcome, error=error, upstream=upstream))
         label = UPSTREAM_ERROR_OUTCOME if outcome is Outcome.ERROR else outcome
-        self._metrics.count_response(label, facts.format_name)
+        self._metrics.count_response(label, facts.format_name, facts.collection)
 
-    def unrecorded(self, format_name: str) -> None:
+    def unrecorded(self, facts: ResponseFacts) -> None:
         """Count a response answered with an error because its record could not be written."""
-        self._metrics.count_response(Outcome.ERROR, format_name)
+        self._metrics.count_response(Outcome.ERROR, facts.format_name, facts.collection)
 
-    def passthrough(self, format_name: str) -> None:
+    def passthrough(self, format_name: str, collection: str) -> None:
         """Count a response on a route the gate does not inspect (or an upstream error)."""
-        self._metrics.count_response(Outcome.PASSTHROUGH, format_name)
+        self._metrics.count_response(Outcome.PASSTHROUGH, format_name, collection)
 
     def policy_failed(self) -> None:
         """Count a policy evaluation that failed."""
@@ -147,15 +149,33 @@ class Recorder:
             upstream=upstream,
         )
 
-    def _count(self, facts: ResponseFacts, verdict: Verdict, outcome: Outcome) -> None:
+    def _count(
+        self, facts: ResponseFacts, verdict: Verdict, outcome: Outcome, tenant_filter: bool
+    ) -> None:
         counts: dict[tuple[str, str], int] = {}
+        # Every reason of each rejected chunk: a tampered chunk that is also
+        # superseded is still tampered (drift alerts read these).
+        every: dict[str, int] = {}
         for decision in verdict.decisions:
             reasons = decision.reasons
-            key = ("rejected", reasons[0]) if reasons else _ADMITTED
+            if reasons:
+                key = ("rejected", reasons[0])
+                for reason in reasons:
+                    every[reason] = every.get(reason, 0) + 1
+            else:
+                key = _ADMITTED
             counts[key] = counts.get(key, 0) + 1
         metrics = self._metrics
-        metrics.count_chunks(facts.format_name, counts)
-        metrics.count_response(outcome, facts.format_name)
+        format_name, collection = facts.format_name, facts.collection
+        metrics.count_chunks(format_name, collection, counts)
+        if every:
+            metrics.count_reasons(format_name, collection, every)
+            leaked = every.get(Reason.TENANT_MISMATCH) if tenant_filter else None
+            if leaked:
+                # The database was asked for the caller's tenant only and
+                # answered with another's: push-down is not working.
+                metrics.pushdown_tenant_mismatches.labels(format_name, collection).inc(leaked)
+        metrics.count_response(outcome, format_name, collection)
         if verdict.verdicts_cached:
             metrics.verdict_cache_hits.inc(verdict.verdicts_cached)
         if verdict.verdicts_evaluated and self._verdict_cache_on:

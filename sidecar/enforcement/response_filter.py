@@ -7,7 +7,8 @@ adapter renders it) and ``recording`` (the audit record and the metrics,
 written before the answer leaves). Any failure ends in an error answer, never
 in the unfiltered body, except in audit mode, whose whole point is to pass
 bodies through. A large body is parsed and rendered in a worker thread, and
-decided in slices, so that it never holds up other callers' responses.
+decided in slices, so that it never holds up other callers' responses. Each
+decision is one span (``sidecar.tracing``) when tracing is on.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import ParamSpec, TypeVar
+
+from opentelemetry.trace import Tracer
 
 from sidecar import refusals
 from sidecar.audit.record import UpstreamError
@@ -40,12 +43,13 @@ from sidecar.formats.base import (
     ResponseFormat,
 )
 from sidecar.formats.registry import FormatTable
-from sidecar.metrics import GateMetrics
+from sidecar.metrics import NO_COLLECTION, GateMetrics
 from sidecar.store.cache import CachedStore
+from sidecar.tracing import DecisionSpan, Tracing
 
 log = logging.getLogger(__name__)
 
-# Route policies remembered per request path.
+# Route policies (and collection labels) remembered per request path.
 _POLICIES_KEPT = 4096
 
 # A body is parsed, and its answer rendered, in a worker thread rather than on
@@ -76,6 +80,12 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
+def _answered(span: DecisionSpan, result: FilterResult) -> FilterResult:
+    """``result``, once ``span`` knows what the client got."""
+    span.answered(result.outcome, result.status, result.code)
+    return result
+
+
 def _gate_headers(decision_id: str, released: int) -> dict[str, str]:
     """The headers the gate adds to an answer it decided."""
     return {
@@ -100,13 +110,16 @@ class FilterResult:
     ``body`` None passes the upstream answer unchanged (audit mode); otherwise
     it is the replacement body for a 200, and for any other ``status`` the
     client gets that status and ``body`` (a small JSON error, or the database's
-    own answer for a missing hit) instead of the upstream response.
+    own answer for a missing hit) instead of the upstream response. ``code``
+    is the gate's code for what went wrong (``sidecar.refusals``), also when
+    audit mode passed the upstream answer; None when nothing did.
     """
 
     outcome: Outcome
     status: int
     body: bytes | None
     headers: dict[str, str] = field(default_factory=dict)
+    code: str | None = None
 
 
 class ResponseFilter:
@@ -124,14 +137,21 @@ class ResponseFilter:
         overfetch_cap: int = 1000,
         max_hits: int = 10_000,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        tracer: Tracer | None = None,
     ) -> None:
-        """``max_hits``: a body with more candidates is refused (502), never decided."""
+        """``max_hits``: a body with more candidates is refused (502), never decided.
+
+        ``tracer``: one span per decision and per store lookup; None traces nothing.
+        """
         self._formats = formats
         self._route_policy = route_policy
         self._policies: dict[str, RoutePolicy] = {}
         self._overfetch_cap = overfetch_cap
         self._max_hits = max_hits
-        self._decider = Decider(store, gate, clock)
+        self._collection_label = metrics.collection_label
+        self._collections: dict[Route, tuple[str, ...]] = {}
+        self._tracing = Tracing(tracer)
+        self._decider = Decider(store, gate, clock, self._tracing)
         self._recorder = Recorder(
             audit, metrics, clock, verdict_cache_on=gate.verdict_cache is not None
         )
@@ -193,20 +213,40 @@ class ResponseFilter:
             overfetch_cap=self._overfetch_cap,
         )
 
-    def count_passthrough(self, format_name: str) -> None:
-        """Count a response on a route the gate does not inspect (or an upstream error)."""
-        self._recorder.passthrough(format_name)
+    def count_passthrough(self, format_name: str, route: Route | None = None) -> None:
+        """Count a response on a route the gate does not inspect (or an upstream error).
+
+        Without ``route`` (no search route) the collection label is ``none``.
+        """
+        collection = NO_COLLECTION if route is None else self._collection_for(route)
+        self._recorder.passthrough(format_name, collection)
 
     def reject_unreadable(
-        self, fmt: ResponseFormat, route: Route, caller: Caller, request_id: str, why: str
+        self,
+        fmt: ResponseFormat,
+        route: Route,
+        caller: Caller,
+        request_id: str,
+        why: str,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> FilterResult:
-        """Answer for a search response the gate cannot read (e.g. compressed): 502."""
+        """Answer for a search response the gate cannot read (e.g. compressed): 502.
+
+        ``trace_headers``: the request's ``traceparent`` and ``tracestate``, if any.
+        """
         log.warning("unreadable %s response on %s: %s", fmt.name, route.path, why)
         mode = self._policy_for(route.path).mode
         facts = ResponseFacts(
-            uuid.uuid4().hex, request_id, caller, fmt.name, mode, time.perf_counter()
+            uuid.uuid4().hex,
+            request_id,
+            caller,
+            fmt.name,
+            mode,
+            time.perf_counter(),
+            self._collection_for(route),
         )
-        return self._unreadable(facts, refusals.UPSTREAM_BODY_UNREADABLE)
+        with self._span(facts, route, trace_headers) as span:
+            return _answered(span, self._unreadable(facts, refusals.UPSTREAM_BODY_UNREADABLE))
 
     def upstream_error(
         self,
@@ -216,6 +256,7 @@ class ResponseFilter:
         request_id: str,
         status: int,
         body: bytes,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> FilterResult:
         """Answer for a non-2xx upstream response on a filtered route.
 
@@ -227,20 +268,32 @@ class ResponseFilter:
         """
         mode = self._policy_for(route.path).mode
         facts = ResponseFacts(
-            uuid.uuid4().hex, request_id, caller, fmt.name, mode, time.perf_counter()
+            uuid.uuid4().hex,
+            request_id,
+            caller,
+            fmt.name,
+            mode,
+            time.perf_counter(),
+            self._collection_for(route),
         )
-        audit_mode = mode is Mode.AUDIT
+        with self._span(facts, route, trace_headers) as span:
+            return _answered(span, self._upstream_error(facts, status, body))
+
+    def _upstream_error(self, facts: ResponseFacts, status: int, body: bytes) -> FilterResult:
+        """Record an upstream error answer and say what the client gets (``upstream_error``)."""
+        audit_mode = facts.mode is Mode.AUDIT
         outcome = Outcome.PASSTHROUGH if audit_mode else Outcome.ERROR
         upstream = UpstreamError.from_body(status, body)
+        code = refusals.UPSTREAM_ERROR
         try:
-            self._recorder.upstream_error(facts, outcome, refusals.UPSTREAM_ERROR, upstream)
+            self._recorder.upstream_error(facts, outcome, code, upstream)
         except AuditError:
-            return self._unrecorded(fmt.name)
+            return self._unrecorded(facts)
         if audit_mode:
-            return FilterResult(outcome, status, None)
-        error = refusals.error_body(refusals.UPSTREAM_ERROR, decision_id=facts.decision_id)
+            return FilterResult(outcome, status, None, code=code)
+        error = refusals.error_body(code, decision_id=facts.decision_id)
         # The headers a rejected hit answered as absent gets too: the two look alike.
-        return FilterResult(outcome, status, error, _gate_headers(facts.decision_id, 0))
+        return FilterResult(outcome, status, error, _gate_headers(facts.decision_id, 0), code)
 
     async def filter(
         self,
@@ -250,15 +303,41 @@ class ResponseFilter:
         request_id: str,
         body: bytes,
         rewrite: RequestRewrite | None = None,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> FilterResult:
         """Decide one successful search response body.
 
         ``rewrite`` is what the request path did to the query, if anything: its
         limits trim over-fetched results back to what the application asked for.
+        ``trace_headers``: the request's ``traceparent`` and ``tracestate``, if any.
         """
         started = time.perf_counter()
         policy = self._policy_for(route.path)
-        facts = ResponseFacts(uuid.uuid4().hex, request_id, caller, fmt.name, policy.mode, started)
+        facts = ResponseFacts(
+            uuid.uuid4().hex,
+            request_id,
+            caller,
+            fmt.name,
+            policy.mode,
+            started,
+            self._collection_for(route, rewrite),
+        )
+        with self._span(facts, route, trace_headers, rewrite) as span:
+            result = await self._filter(facts, policy, fmt, route, body, rewrite, span)
+            return _answered(span, result)
+
+    async def _filter(
+        self,
+        facts: ResponseFacts,
+        policy: RoutePolicy,
+        fmt: ResponseFormat,
+        route: Route,
+        body: bytes,
+        rewrite: RequestRewrite | None,
+        span: DecisionSpan,
+    ) -> FilterResult:
+        """Parse, decide, release and record one body (``filter``)."""
+        caller = facts.caller
         try:
             heavy = _heavy_body(body)
             parsed = await _work(heavy, fmt.parse, body, route)
@@ -285,17 +364,25 @@ class ResponseFilter:
         if released.status == 403 and released.refusal != refusals.REJECTED_CHUNKS:
             log.info("%s response on %s blocked: %s", fmt.name, route.path, released.refusal)
 
+        tenant_filter = rewrite is not None and rewrite.tenant_filter
+        span.decided(
+            decided.verdict,
+            substituted=len(decided.replacements),
+            released=len(released.positions),
+            tenant_filter=tenant_filter,
+            overfetched=limits is not None,
+        )
         try:
             self._recorder.decided(
                 facts,
                 decided,
                 released,
-                tenant_filter=rewrite is not None and rewrite.tenant_filter,
+                tenant_filter=tenant_filter,
                 overfetched=limits is not None,
             )
         except AuditError:
             # A decision that cannot be recorded is not released.
-            return self._unrecorded(fmt.name)
+            return self._unrecorded(facts)
 
         headers = _gate_headers(facts.decision_id, len(released.positions))
         if released.status != 200:
@@ -303,9 +390,11 @@ class ResponseFilter:
             if released.body is not None and policy.pass_upstream_errors:
                 # Answered as absent where a missing hit gets the database's own
                 # answer, unchanged: the same body, and no gate headers either.
-                return FilterResult(released.outcome, released.status, released.body)
+                return FilterResult(
+                    released.outcome, released.status, released.body, code=released.refusal
+                )
             error = refusals.error_body(released.refusal, decision_id=facts.decision_id)
-            return FilterResult(released.outcome, released.status, error, headers)
+            return FilterResult(released.outcome, released.status, error, headers, released.refusal)
         return FilterResult(released.outcome, 200, released.body, headers)
 
     def _unreadable(self, facts: ResponseFacts, error: str) -> FilterResult:
@@ -319,16 +408,37 @@ class ResponseFilter:
             self._recorder.unreadable(facts, outcome, error)
         except AuditError:
             # Not even an audit-mode pass goes out unrecorded.
-            return self._unrecorded(facts.format_name)
+            return self._unrecorded(facts)
         if audit_mode:
-            return FilterResult(outcome, 200, None)
+            return FilterResult(outcome, 200, None, code=error)
         body = refusals.error_body(error, decision_id=facts.decision_id)
-        return FilterResult(outcome, 502, body)
+        return FilterResult(outcome, 502, body, code=error)
 
-    def _unrecorded(self, format_name: str) -> FilterResult:
+    def _unrecorded(self, facts: ResponseFacts) -> FilterResult:
         """The answer for a response whose audit record could not be written: 500."""
-        self._recorder.unrecorded(format_name)
-        return FilterResult(Outcome.ERROR, 500, refusals.error_body(refusals.AUDIT_UNAVAILABLE))
+        self._recorder.unrecorded(facts)
+        code = refusals.AUDIT_UNAVAILABLE
+        return FilterResult(Outcome.ERROR, 500, refusals.error_body(code), code=code)
+
+    def _span(
+        self,
+        facts: ResponseFacts,
+        route: Route,
+        trace_headers: Mapping[str, str] | None,
+        rewrite: RequestRewrite | None = None,
+    ) -> DecisionSpan:
+        """The span of the decision ``facts`` begin, with the collections the request named."""
+        span = self._tracing.decision(
+            trace_headers,
+            decision_id=facts.decision_id,
+            request_id=facts.request_id,
+            format_name=facts.format_name,
+            mode=facts.mode,
+        )
+        if span.recording:
+            named = [*self._formats.collections(route), *(rewrite.collections if rewrite else ())]
+            span.collections(list(dict.fromkeys(named)))
+        return span
 
     def _policy_for(self, path: str) -> RoutePolicy:
         """``route_policy(path)``, remembered per path (bounded).
@@ -342,3 +452,19 @@ class ResponseFilter:
                 self._policies.clear()  # paths are the client's: keep the memo bounded
             policy = self._policies[path] = self._route_policy(path)
         return policy
+
+    def _collection_for(self, route: Route, rewrite: RequestRewrite | None = None) -> str:
+        """The metrics' collection label for ``route`` and the collections its body named.
+
+        The path's collections are remembered per route (bounded): finding them
+        asks every format. A body naming others (a Milvus ``collectionName``)
+        adds them, as the request policy saw them.
+        """
+        names = self._collections.get(route)
+        if names is None:
+            if len(self._collections) >= _POLICIES_KEPT:
+                self._collections.clear()  # paths are the client's: keep the memo bounded
+            names = self._collections[route] = tuple(self._formats.collections(route))
+        if rewrite is not None and rewrite.collections:
+            names = (*names, *(n for n in rewrite.collections if n not in names))
+        return self._collection_label(names)

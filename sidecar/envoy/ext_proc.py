@@ -36,6 +36,7 @@ from sidecar.formats.base import (
     UnfilterableRequest,
 )
 from sidecar.identity import AuthRequest
+from sidecar.tracing import trace_context
 from sidecar.wire import envoy_processing_mode_pb2 as processing_mode
 from sidecar.wire import ext_proc_pb2 as ext_proc
 from sidecar.wire import ext_proc_pb2_grpc as ext_proc_grpc
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 # Where an ext_authz filter in front (a mesh's, or the sidecar's own
 # Authorization service) leaves the caller it established.
 IDENTITY_NAMESPACE = "envoy.filters.http.ext_authz"
+# Where Envoy puts the values of the filter's `request_attributes`, whatever
+# the filter is named.
+ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"
 
 _CONTINUE = ext_proc.CommonResponse()
 # Sent with the response-headers answer for responses the gate will not read,
@@ -105,12 +109,14 @@ class _Exchange:
     caller: Caller | None = None
     identity_error: IdentityError | None = None  # ext_authz metadata that did not read
     metadata: dict[str, dict[str, object]] | None = None  # forwarded filter metadata
+    attributes: dict[str, object] | None = None  # Envoy's request attributes (request_attributes)
     fmt: ResponseFormat | None = None  # set while the response body must be filtered
     rewriter: RequestRewriter | None = None  # set when the request body is to be rewritten
     rewrite: RequestRewrite | None = None  # what the rewrite did, for the response side
     codings: tuple[str, ...] = ()  # the response body's content codings, as applied
     upstream_status: int | None = None  # set for a non-2xx upstream answer to be replaced
     query_string: str = ""  # the request's URL parameters, as sent
+    trace_headers: dict[str, str] | None = None  # traceparent, tracestate: the decision's parent
 
 
 class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
@@ -142,6 +148,8 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
     ) -> ext_proc.ProcessingResponse:
         if request.HasField("metadata_context") and exchange.metadata is None:
             self._read_metadata(exchange, request)
+        if ATTRIBUTES_KEY in request.attributes and exchange.attributes is None:
+            exchange.attributes = json_format.MessageToDict(request.attributes[ATTRIBUTES_KEY])
         kind = request.WhichOneof("request")
         if kind == "request_headers":
             return await self._on_request_headers(exchange, request.request_headers)
@@ -179,6 +187,7 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         path, _, exchange.query_string = headers.get(":path", "/").partition("?")
         exchange.route = Route(method=headers.get(":method", "GET"), path=path)
         exchange.request_id = headers.get("x-request-id", "")
+        exchange.trace_headers = trace_context(headers)
         if path_problem(path) is not None:
             # Admission refuses these too; an ext_authz in front should have.
             return _refuse(400, refusals.PATH_NOT_CANONICAL, "retrieval_gate_bad_path")
@@ -191,7 +200,13 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             # No ext_authz in front: the request is admitted here, before the upstream.
             try:
                 admission = await self._access.admit(
-                    AuthRequest(exchange.route.method, path, headers, exchange.metadata or {})
+                    AuthRequest(
+                        exchange.route.method,
+                        path,
+                        headers,
+                        exchange.metadata or {},
+                        exchange.attributes or {},
+                    )
                 )
             except AccessDenied as exc:
                 log.info("request refused: %s %s", exc.status, exc.code)
@@ -285,7 +300,7 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         common = _CONTINUE if policy.mode is Mode.AUDIT else _allowlisted(headers)
         if message.end_of_stream:
             # An empty answer: no hits to filter.
-            self._filter.count_passthrough(fmt.name)
+            self._filter.count_passthrough(fmt.name, route)
             exchange.fmt = None
             return _headers_answer(common, skip_body=True)
         try:
@@ -313,7 +328,7 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         it is, unread and counted as a pass.
         """
         if policy.pass_upstream_errors:
-            self._filter.count_passthrough(fmt.name)
+            self._filter.count_passthrough(fmt.name, exchange.route)
             exchange.fmt = None
             return _headers_answer(_CONTINUE, skip_body=True)
         status = headers.get(":status", "")
@@ -345,6 +360,7 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             exchange.request_id,
             exchange.upstream_status,
             body,
+            exchange.trace_headers,
         )
         if result.body is None:
             return passed
@@ -363,7 +379,7 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         """The error answer for a body the gate cannot read, or ``passed`` in audit mode."""
         assert exchange.route is not None and exchange.caller is not None
         result = self._filter.reject_unreadable(
-            fmt, exchange.route, exchange.caller, exchange.request_id, why
+            fmt, exchange.route, exchange.caller, exchange.request_id, why, exchange.trace_headers
         )
         if result.status != 200:
             return immediate(result.status, result.body or b"", "retrieval_gate_unreadable")
@@ -395,7 +411,7 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         except UndecodableBody as exc:
             return self._unreadable(exchange, fmt, str(exc), passed)
         result = await self._filter.filter(
-            fmt, route, caller, exchange.request_id, body, exchange.rewrite
+            fmt, route, caller, exchange.request_id, body, exchange.rewrite, exchange.trace_headers
         )
         answer = self._body_answer(result)
         if exchange.codings and result.body is not None:

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.config import IdentityMode, Settings
+from sidecar.config import TLS_FILES, ConfigError, IdentityMode, Settings
 from sidecar.envoy.ext_proc import IDENTITY_NAMESPACE
 from sidecar.identity.envoy_jwt import JWT_AUTHN_NAMESPACE
+from sidecar.identity.mesh import REQUEST_ATTRIBUTES
 from sidecar.runtime.addresses import HostPort, UnixSocket, parse_http_url, parse_socket_address
 from sidecar.runtime.jwks_relay import relay_address
 from sidecar.runtime.jwt_authn import JWKS_RELAY_CLUSTER, jwt_authn_filter
@@ -120,6 +121,13 @@ def _http_filters(settings: Settings, generated_jwks: Path | None) -> list[dict[
                 "metadata_options": {
                     "forwarding_namespaces": {"untyped": [JWT_AUTHN_NAMESPACE, IDENTITY_NAMESPACE]}
                 },
+                # mesh-mtls: the verified client certificate's URI SAN, from the
+                # connection itself (never a header).
+                **(
+                    {"request_attributes": list(REQUEST_ATTRIBUTES)}
+                    if settings.identity is IdentityMode.MESH_MTLS
+                    else {}
+                ),
             },
         },
         {
@@ -161,6 +169,56 @@ def _upstream_cluster(upstream: Upstream) -> dict[str, Any]:
     return cluster
 
 
+def downstream_tls(settings: Settings) -> dict[str, Any] | None:
+    """The listener's mTLS transport socket, or None for plain HTTP.
+
+    Envoy requires a client certificate and verifies it against
+    ``tls_client_ca_file`` before any request is read; a client without one,
+    or with one of another CA, fails the handshake. Key material stays in its
+    files (not in the configuration, so not in Envoy's config dump). Raises
+    ConfigError for identity ``mesh-mtls`` without the files: its caller is the
+    client certificate, which only a TLS listener sees.
+    """
+    files = {name: getattr(settings, name) for name in TLS_FILES}
+    given = [name for name, path in files.items() if path is not None]
+    if not given:
+        if settings.identity is IdentityMode.MESH_MTLS:
+            raise ConfigError(
+                "identity 'mesh-mtls' with proxy needs tls_cert_file, tls_key_file and "
+                "tls_client_ca_file (--tls-cert-file ...): Envoy must terminate mTLS"
+            )
+        return None
+    if len(given) != len(files):
+        raise ConfigError(
+            "settings 'tls_cert_file', 'tls_key_file' and 'tls_client_ca_file' go together "
+            f"(mTLS on the proxy's listener); only {', '.join(map(repr, given))} given"
+        )
+    for name, path in files.items():
+        if not path.is_file():
+            raise ConfigError(f"setting {name!r}: {path} is not a file")
+    return {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": _TYPE + "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+            "require_client_certificate": True,
+            "common_tls_context": {
+                "tls_params": {"tls_minimum_protocol_version": "TLSv1_2"},
+                "tls_certificates": [
+                    {
+                        "certificate_chain": {"filename": str(files["tls_cert_file"].resolve())},
+                        "private_key": {"filename": str(files["tls_key_file"].resolve())},
+                    }
+                ],
+                "validation_context": {
+                    "trusted_ca": {"filename": str(files["tls_client_ca_file"].resolve())}
+                },
+                # gRPC clients (Milvus) need h2; the connection manager picks by ALPN.
+                "alpn_protocols": ["h2", "http/1.1"],
+            },
+        },
+    }
+
+
 def build_bootstrap(
     settings: Settings,
     *,
@@ -174,6 +232,7 @@ def build_bootstrap(
     (``jwt_authn.write_generated_jwks``) for `envoy-jwt` identity.
     """
     host, port = listen
+    tls = downstream_tls(settings)
     connection_manager = {
         "@type": _TYPE
         + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
@@ -213,12 +272,13 @@ def build_bootstrap(
                     "per_connection_buffer_limit_bytes": settings.max_body_bytes,
                     "filter_chains": [
                         {
+                            **({"transport_socket": tls} if tls is not None else {}),
                             "filters": [
                                 {
                                     "name": "envoy.filters.network.http_connection_manager",
                                     "typed_config": connection_manager,
                                 }
-                            ]
+                            ],
                         }
                     ],
                 }

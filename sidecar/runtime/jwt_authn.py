@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.config import Settings
-from sidecar.identity.envoy_jwt import FAILURE_KEY, JWT_AUTHN_NAMESPACE, PAYLOAD_KEY
+from sidecar.identity.envoy_jwt import FAILURE_KEY, JWT_AUTHN_NAMESPACE
 from sidecar.identity.keys import HmacSecret, JwksFile, PemPublicKey, VerificationKey, is_jwks_url
 from sidecar.identity.publish import public_jwks
 from sidecar.runtime.jwks_relay import relay_address, relay_url
@@ -92,7 +92,7 @@ def jwt_authn_filter(settings: Settings, generated_jwks: Path | None = None) -> 
         "issuer": settings.issuer,
         # The caller's token is not the vector DB's business.
         "forward": False,
-        "payload_in_metadata": PAYLOAD_KEY,
+        "payload_in_metadata": settings.jwt_payload_key,
         "failed_status_in_metadata": FAILURE_KEY,
         "clock_skew_seconds": int(settings.jwt_leeway_seconds),
         **_jwks_source(settings, generated_jwks),

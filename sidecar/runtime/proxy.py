@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sidecar.config import IdentityMode, Settings
 from sidecar.runtime.addresses import HostPort
-from sidecar.runtime.bootstrap import Upstream, build_bootstrap
+from sidecar.runtime.bootstrap import Upstream, build_bootstrap, downstream_tls
 from sidecar.runtime.envoy_process import EnvoyProcess
 from sidecar.runtime.jwks_relay import serving_jwks_relay
 from sidecar.runtime.jwt_authn import needs_generated_jwks, write_generated_jwks
@@ -39,6 +39,8 @@ async def run_proxy(
     after a requested stop, 1 when Envoy or a sidecar worker died on its own.
     Both are always stopped before returning.
     """
+    # Settings the listener cannot serve are refused before anything starts.
+    scheme = "http" if downstream_tls(settings) is None else "https"
     with StopSignals(stop) as signals, tempfile.TemporaryDirectory(prefix="retrieval-gate-") as tmp:
         workdir = Path(tmp)
         if private_socket:
@@ -70,7 +72,8 @@ async def run_proxy(
             try:
                 await envoy.start()
                 log.info(
-                    "proxy ready: http://%s -> %s://%s (envoy pid %s)",
+                    "proxy ready: %s://%s -> %s://%s (envoy pid %s)",
+                    scheme,
                     HostPort(*listen),
                     "https" if upstream.tls else "http",
                     HostPort(upstream.host, upstream.port),

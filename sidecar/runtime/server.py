@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import orjson
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import start_http_server
 
 from sidecar.access import RequestAccess
@@ -26,11 +29,14 @@ from sidecar.identity.envoy_jwt import EnvoyJwtPayload
 from sidecar.identity.headers import TrustedHeaders
 from sidecar.identity.jwt import JwtBearer, JwtVerifier
 from sidecar.identity.keys import key_source
+from sidecar.identity.mesh import MeshMtls
+from sidecar.identity.spiffe import WorkloadMap
 from sidecar.metrics import GateMetrics
 from sidecar.rego.regorus_engine import RegorusEngine
 from sidecar.rego.request_policy import RequestPolicy
 from sidecar.runtime.addresses import parse_host_port
 from sidecar.runtime.signals import StopSignals
+from sidecar.runtime.tracing import TracedCacheObserver, gate_tracer, start_tracing
 from sidecar.store.cache import CachedStore
 from sidecar.store.listener import ChangeListener, change_listener
 from sidecar.store.open import open_store
@@ -47,6 +53,8 @@ def build_identity(settings: Settings) -> IdentityProvider:
             "as sent by the client: for development only, never in production"
         )
         return TrustedHeaders()
+    if settings.identity is IdentityMode.MESH_MTLS:
+        return MeshMtls(WorkloadMap.parse(settings.workloads))
     mapping = ClaimMapping(
         tenant_claim=settings.tenant_claim,
         principal_claims=settings.principal_claims,
@@ -54,7 +62,12 @@ def build_identity(settings: Settings) -> IdentityProvider:
     )
     assert settings.issuer is not None and settings.audience is not None  # load_settings
     if settings.identity is IdentityMode.ENVOY_JWT:
-        return EnvoyJwtPayload(mapping, issuer=settings.issuer, audience=settings.audience)
+        return EnvoyJwtPayload(
+            mapping,
+            issuer=settings.issuer,
+            audience=settings.audience,
+            payload_key=settings.jwt_payload_key,
+        )
     if settings.identity is IdentityMode.JWT:
         keys = key_source(
             jwks=settings.jwks,
@@ -120,10 +133,13 @@ class Sidecar:
     response_filter: ResponseFilter
     access: RequestAccess
     listener: ChangeListener | None  # live invalidation (PostgreSQL); None for SQLite
+    tracing: TracerProvider | None = None  # this process's spans (OTEL_* variables); None: off
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Sidecar:
-        metrics = GateMetrics()
+        tracing = start_tracing()
+        tracer = None if tracing is None else gate_tracer(tracing)
+        metrics = GateMetrics(collections=settings.metric_collections)
         inner = open_store(settings.store)
         store = CachedStore(
             inner,
@@ -132,7 +148,7 @@ class Sidecar:
             negative_ttl=settings.negative_cache_ttl_seconds,
             negative_maxsize=settings.negative_cache_size,
             stale_if_error_seconds=settings.stale_if_error_seconds,
-            observer=metrics,
+            observer=metrics if tracer is None else TracedCacheObserver(metrics),
         )
         data = load_policy_data(settings)
         policy = RegorusEngine.from_directory(settings.policy_dir, data=data)
@@ -143,6 +159,7 @@ class Sidecar:
             verdict_cache_size=settings.verdict_cache_size,
         )
         formats = format_table(settings)
+        metrics.preset(fmt.name for fmt in formats.formats)
         audit = build_audit(settings, metrics)
         response_filter = ResponseFilter(
             formats=formats,
@@ -153,6 +170,7 @@ class Sidecar:
             route_policy=settings.route_policy,
             overfetch_cap=settings.overfetch_cap,
             max_hits=settings.max_hits,
+            tracer=tracer,
         )
         log.info("policy %s loaded from %s", policy.version, settings.policy_dir)
         access = RequestAccess(
@@ -162,14 +180,17 @@ class Sidecar:
             collections=formats.collections,
         )
         listener = change_listener(inner, store)
-        return cls(settings, metrics, store, audit, response_filter, access, listener)
+        return cls(settings, metrics, store, audit, response_filter, access, listener, tracing)
 
     async def aclose(self) -> None:
-        """Stop listening, ship or close the audit trail, close the store."""
+        """Stop listening, ship or close the audit trail, close the store, export the last spans."""
         if self.listener is not None:
             await self.listener.stop()
         self.audit.close()
         await self.store.aclose()
+        if self.tracing is not None:
+            # Blocks while the exporter sends what is queued (the SDK gives it 30 s at most).
+            await asyncio.to_thread(self.tracing.shutdown)
 
 
 class ListenError(OSError):
@@ -201,6 +222,11 @@ class SidecarServer:
         ext_authz_pb2_grpc.add_AuthorizationServicer_to_server(
             AuthorizationServicer(sidecar.access), self._grpc
         )
+        # The standard gRPC health service, for Kubernetes' grpc probes and
+        # Envoy's health checks: SERVING once the gate is ready, NOT_SERVING
+        # from the moment it starts to stop.
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         self._metrics_server: Any = None
 
     async def start(self) -> None:
@@ -220,7 +246,8 @@ class SidecarServer:
         if port == 0 and not address.startswith("unix:"):
             raise ListenError(f"cannot listen on {address}")
         await self._grpc.start()
-        log.info("gRPC (ext_authz, ext_proc) listening on %s", address)
+        await self._health.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
+        log.info("gRPC (ext_authz, ext_proc, health) listening on %s", address)
         if settings.metrics:
             host, port = parse_host_port(settings.metrics)
             self._metrics_server, _ = start_http_server(
@@ -229,6 +256,7 @@ class SidecarServer:
             log.info("metrics on http://%s/metrics", settings.metrics)
 
     async def stop(self, grace: float = 2.0) -> None:
+        await self._health.enter_graceful_shutdown()
         await self._grpc.stop(grace)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()

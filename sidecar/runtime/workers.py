@@ -37,6 +37,7 @@ from sidecar.config import Settings
 from sidecar.runtime.addresses import HostPort, UnixSocket, parse_host_port, parse_socket_address
 from sidecar.runtime.server import serve_until_signalled
 from sidecar.runtime.signals import StopSignals
+from sidecar.runtime.tracing import exporter_names
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,12 @@ class WorkerPool:
         self._metrics_server: Any = None
 
     async def start(self) -> None:
-        """Spawn the workers and return once every one accepts connections (30 s at most)."""
+        """Spawn the workers and return once every one accepts connections (30 s at most).
+
+        Each worker starts its own tracer provider; the OTEL_* variables are
+        checked here first, so that a wrong one is a ConfigError, not a dead worker.
+        """
+        exporter_names()
         self._metrics_dir = tempfile.TemporaryDirectory(prefix="retrieval-gate-metrics-")
         # Workers read it when they import prometheus_client; spawn passes the environment.
         os.environ[MULTIPROC_ENV] = self._metrics_dir.name
