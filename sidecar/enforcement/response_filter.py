@@ -236,15 +236,7 @@ class ResponseFilter:
         """
         log.warning("unreadable %s response on %s: %s", fmt.name, route.path, why)
         mode = self._policy_for(route.path).mode
-        facts = ResponseFacts(
-            uuid.uuid4().hex,
-            request_id,
-            caller,
-            fmt.name,
-            mode,
-            time.perf_counter(),
-            self._collection_for(route),
-        )
+        facts = self._facts(fmt, route, caller, request_id, mode)
         with self._span(facts, route, trace_headers) as span:
             return _answered(span, self._unreadable(facts, refusals.UPSTREAM_BODY_UNREADABLE))
 
@@ -267,17 +259,31 @@ class ResponseFilter:
         recorded all the same.
         """
         mode = self._policy_for(route.path).mode
-        facts = ResponseFacts(
+        facts = self._facts(fmt, route, caller, request_id, mode)
+        with self._span(facts, route, trace_headers) as span:
+            return _answered(span, self._upstream_error(facts, status, body))
+
+    def _facts(
+        self,
+        fmt: ResponseFormat,
+        route: Route,
+        caller: Caller,
+        request_id: str,
+        mode: Mode,
+        rewrite: RequestRewrite | None = None,
+        started: float | None = None,
+    ) -> ResponseFacts:
+        """What every answer to one response records: a new decision id, the caller,
+        the format, the mode, when it started and the collection label."""
+        return ResponseFacts(
             uuid.uuid4().hex,
             request_id,
             caller,
             fmt.name,
             mode,
-            time.perf_counter(),
-            self._collection_for(route),
+            time.perf_counter() if started is None else started,
+            self._collection_for(route, rewrite),
         )
-        with self._span(facts, route, trace_headers) as span:
-            return _answered(span, self._upstream_error(facts, status, body))
 
     def _upstream_error(self, facts: ResponseFacts, status: int, body: bytes) -> FilterResult:
         """Record an upstream error answer and say what the client gets (``upstream_error``)."""
@@ -313,15 +319,7 @@ class ResponseFilter:
         """
         started = time.perf_counter()
         policy = self._policy_for(route.path)
-        facts = ResponseFacts(
-            uuid.uuid4().hex,
-            request_id,
-            caller,
-            fmt.name,
-            policy.mode,
-            started,
-            self._collection_for(route, rewrite),
-        )
+        facts = self._facts(fmt, route, caller, request_id, policy.mode, rewrite, started)
         with self._span(facts, route, trace_headers, rewrite) as span:
             result = await self._filter(facts, policy, fmt, route, body, rewrite, span)
             return _answered(span, result)
