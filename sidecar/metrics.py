@@ -44,6 +44,10 @@ PRESET_REASONS = (
 )
 
 
+# The statuses the request path answers with: a closed set for the label.
+REFUSAL_STATUSES = ("400", "401", "403", "405", "500", "503")
+
+
 def check_metric_collections(names: Iterable[str]) -> tuple[str, ...]:
     """``names`` as an allowlist of collection label values; raises ValueError.
 
@@ -90,6 +94,13 @@ class GateMetrics:
             "Chunks of another tenant in answers to searches the gate had confined to the "
             "caller's tenant (push-down): the database ignored the filter. Should stay 0.",
             ("format", "collection"),
+        )
+        self.request_refusals = counter(
+            "retrieval_gate_request_refusals",
+            "Requests the gate answered itself before the vector database was asked, by "
+            "HTTP status: 400 unreadable or unfilterable, 401 identity, 403 request policy, "
+            "405 probing method, 5xx the gate's own failure.",
+            ("status",),
         )
         self.responses = counter(
             "retrieval_gate_responses",
@@ -182,11 +193,18 @@ class GateMetrics:
         ``retrieval_gate_pushdown_tenant_mismatches_total``: one tampered or
         leaked chunk must raise its alert even when it is the first ever seen.
         """
+        for status in REFUSAL_STATUSES:
+            self.request_refusals.labels(status)
         collections = [*sorted(self._collections), OTHER_COLLECTION, NO_COLLECTION]
         for format_name in format_names:
             for collection in collections:
                 self.count_reasons(format_name, collection, dict.fromkeys(PRESET_REASONS, 0))
                 self.pushdown_tenant_mismatches.labels(format_name, collection)
+
+    def count_request_refusal(self, status: int) -> None:
+        """Count a request refused before the database was asked (``status`` label)."""
+        label = str(status) if str(status) in REFUSAL_STATUSES else "other"
+        self.request_refusals.labels(label).inc()
 
     def collection_label(self, names: Sequence[str]) -> str:
         """The ``collection`` label of a route naming ``names`` (see NO_COLLECTION)."""

@@ -665,3 +665,23 @@ def test_a_tenant_key_the_format_cannot_use_is_a_configuration_error(tmp_path: P
     )
     assert answers[1].immediate_response.status.code == 500
     assert orjson.loads(answers[1].immediate_response.body) == {"error": "gate_misconfigured"}
+
+
+def refusals_counted(sidecar: Sidecar, status: str) -> float:
+    value = sidecar.metrics.registry.get_sample_value(
+        "retrieval_gate_request_refusals_total", {"status": status}
+    )
+    return value or 0.0
+
+
+def test_requests_refused_before_the_database_are_counted_by_status(sidecar: Sidecar) -> None:
+    before = {status: refusals_counted(sidecar, status) for status in ("400", "401", "403")}
+    run_stream(sidecar, [request_headers(SEARCH, identity=False)])  # no identity
+    run_stream(sidecar, [client_headers("/collections/docs/points/delete")])  # a write
+    run_stream(sidecar, [request_headers("/docs/_search?q=merger")])  # unfilterable
+    run_stream(sidecar, [client_headers(SEARCH), request_body(b"{nope")])  # unreadable body
+    after = {status: refusals_counted(sidecar, status) for status in before}
+    assert {s: after[s] - before[s] for s in before} == {"400": 2, "401": 1, "403": 1}
+    # A search that reaches the database is no refusal.
+    run_stream(sidecar, [client_headers(SEARCH), request_body(b'{"vector":[0.1],"limit":3}')])
+    assert refusals_counted(sidecar, "400") == after["400"]

@@ -62,12 +62,15 @@ def test_principals_digest_ignores_order_and_hides_names() -> None:
     assert "alice" not in a.principals_digest()
 
 
-async def _check_async(headers: dict[str, str]) -> authz.CheckResponse:
+async def _check_async(
+    headers: dict[str, str], refused: list[int] | None = None
+) -> authz.CheckResponse:
     server = grpc.aio.server()
     access = RequestAccess(
         TrustedHeaders(), request_policy=None, route_kind=QdrantFormat().route_kind
     )
-    authz_grpc.add_AuthorizationServicer_to_server(AuthorizationServicer(access), server)
+    servicer = AuthorizationServicer(access, (refused if refused is not None else []).append)
+    authz_grpc.add_AuthorizationServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
@@ -84,9 +87,17 @@ async def _check_async(headers: dict[str, str]) -> authz.CheckResponse:
         await server.stop(0)
 
 
-def check(headers: dict[str, str]) -> authz.CheckResponse:
-    """Call Check on a real grpc.aio server hosting the servicer."""
-    return asyncio.run(_check_async(headers))
+def check(headers: dict[str, str], refused: list[int] | None = None) -> authz.CheckResponse:
+    """Call Check on a real grpc.aio server hosting the servicer; ``refused`` collects
+    the statuses it counts as refusals."""
+    return asyncio.run(_check_async(headers, refused))
+
+
+def test_check_counts_a_refusal_by_its_status() -> None:
+    refused: list[int] = []
+    check({"x-gate-tenant": "acme"}, refused)  # no principals: 401
+    check({"x-gate-tenant": "acme", "x-gate-principals": "user:alice"}, refused)
+    assert refused == [401]
 
 
 def test_check_allows_and_carries_identity_as_dynamic_metadata() -> None:

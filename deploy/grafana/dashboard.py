@@ -489,8 +489,7 @@ def refusals() -> list[timeseries.Panel]:
             "error: the gate's own refusal of a response (unreadable or malformed body, more "
             "hits than max_hits, audit unavailable); upstream_error: a non-2xx upstream "
             "answer replaced by the gate's error body; blocked: strict mode refused a body "
-            "with a rejected chunk. Requests refused before the database is asked are not "
-            "counted (see docs/dashboards.md).",
+            "with a rejected chunk.",
             "reqps",
             [
                 (
@@ -499,6 +498,19 @@ def refusals() -> list[timeseries.Panel]:
                         selector(RESPONSES, f'outcome=~"{REFUSAL_OUTCOMES}"'),
                     ),
                     "{{outcome}} {{format}}",
+                )
+            ],
+        ),
+        graph(
+            "Requests refused before the database",
+            "By HTTP status: 400 an unreadable or unfilterable search, 401 no usable "
+            "identity, 403 the request policy (routes, collections), 405 a probing "
+            "method, 5xx the gate's own failure.",
+            "reqps",
+            [
+                (
+                    summed("status", of_job("retrieval_gate_request_refusals_total")),
+                    "{{status}}",
                 )
             ],
         ),

@@ -119,6 +119,10 @@ class Recorder:
         """Count a response on a route the gate does not inspect (or an upstream error)."""
         self._metrics.count_response(Outcome.PASSTHROUGH, format_name, collection)
 
+    def request_refused(self, status: int) -> None:
+        """Count a request the gate answered itself before the database was asked."""
+        self._metrics.count_request_refusal(status)
+
     def policy_failed(self) -> None:
         """Count a policy evaluation that failed."""
         self._metrics.policy_errors.inc()

@@ -213,6 +213,10 @@ class ResponseFilter:
             overfetch_cap=self._overfetch_cap,
         )
 
+    def count_request_refusal(self, status: int) -> None:
+        """Count a request refused before the database was asked (identity, policy, body)."""
+        self._recorder.request_refused(status)
+
     def count_passthrough(self, format_name: str, route: Route | None = None) -> None:
         """Count a response on a route the gate does not inspect (or an upstream error).
 

@@ -13,6 +13,7 @@ client could set them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import grpc
 from google.protobuf import json_format, struct_pb2
@@ -66,8 +67,12 @@ def _denied(exc: AccessDenied) -> authz.CheckResponse:
 
 
 class AuthorizationServicer(authz_grpc.AuthorizationServicer):
-    def __init__(self, access: RequestAccess) -> None:
+    def __init__(
+        self, access: RequestAccess, count_refusal: Callable[[int], None] = lambda status: None
+    ) -> None:
+        """``count_refusal`` counts a refused request by its HTTP status (the metrics)."""
         self._access = access
+        self._count_refusal = count_refusal
 
     async def Check(
         self, request: authz.CheckRequest, context: grpc.aio.ServicerContext
@@ -76,6 +81,7 @@ class AuthorizationServicer(authz_grpc.AuthorizationServicer):
             admission = await self._access.admit(auth_request(request))
         except AccessDenied as exc:
             log.info("request refused: %s %s", exc.status, exc.code)
+            self._count_refusal(exc.status)
             return _denied(exc)
         metadata = struct_pb2.Struct()
         metadata.update(admission.caller.to_document())

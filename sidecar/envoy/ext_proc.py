@@ -152,7 +152,7 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             exchange.attributes = json_format.MessageToDict(request.attributes[ATTRIBUTES_KEY])
         kind = request.WhichOneof("request")
         if kind == "request_headers":
-            return await self._on_request_headers(exchange, request.request_headers)
+            return self._counted(await self._on_request_headers(exchange, request.request_headers))
         if exchange.route is None and not _local_reply(request):
             # Admission happens on the request headers: an upstream answer on a
             # stream without them (request_header_mode SKIP) was never admitted.
@@ -163,10 +163,16 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         if kind == "response_body":
             return await self._on_response_body(exchange, request.response_body)
         if kind == "request_body":
-            return self._on_request_body(exchange, request.request_body)
+            return self._counted(self._on_request_body(exchange, request.request_body))
         if kind == "request_trailers":
             return ext_proc.ProcessingResponse(request_trailers=ext_proc.TrailersResponse())
         return ext_proc.ProcessingResponse(response_trailers=ext_proc.TrailersResponse())
+
+    def _counted(self, answer: ext_proc.ProcessingResponse) -> ext_proc.ProcessingResponse:
+        """``answer``, with a refusal of the request (before the database) counted."""
+        if answer.HasField("immediate_response"):
+            self._filter.count_request_refusal(answer.immediate_response.status.code)
+        return answer
 
     @staticmethod
     def _read_metadata(exchange: _Exchange, request: ext_proc.ProcessingRequest) -> None:

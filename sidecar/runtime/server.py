@@ -220,7 +220,8 @@ class SidecarServer:
             self._grpc,
         )
         ext_authz_pb2_grpc.add_AuthorizationServicer_to_server(
-            AuthorizationServicer(sidecar.access), self._grpc
+            AuthorizationServicer(sidecar.access, sidecar.response_filter.count_request_refusal),
+            self._grpc,
         )
         # The standard gRPC health service, for Kubernetes' grpc probes and
         # Envoy's health checks: SERVING once the gate is ready, NOT_SERVING
