@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from sidecar.core.hits import Route
 from sidecar.formats.base import MalformedRequest, RequestRewrite, UnfilterableRequest
 from sidecar.formats.pinecone import PineconeFormat
+from sidecar.formats.registry import FormatTable
 from tests.format_strategies import PROPERTIES
 
 FMT = PineconeFormat()
@@ -235,11 +236,11 @@ def test_the_namespaces_a_query_names(body: dict[str, Any], namespaces: tuple[st
 
 
 def test_a_records_search_names_its_path_namespace_as_written() -> None:
-    for tenant_key in ("tenant", None):
-        assert rewrite({"query": {"top_k": 1}}, SEARCH, tenant_key=tenant_key).collections == (
-            "Docs-1",
-        )
+    # The request policy sees it from the path, before the body is read.
+    assert FormatTable([FMT]).collections(SEARCH) == ["Docs-1"]
+    assert FMT.route_collections(Route("post", "/RECORDS/namespaces/Docs-1/search/")) == ["Docs-1"]
     assert FMT.rewrites_request(Route("post", "/RECORDS/namespaces/Docs-1/search/"))
+    assert FMT.route_collections(QUERY) is None
 
 
 # -- properties: the app's filter keeps its meaning, the tenant always holds ------------------

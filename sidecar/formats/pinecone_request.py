@@ -28,12 +28,12 @@ to the request policy, and so does the path's namespace of a records search.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
 
 from sidecar.core.hits import Route
-from sidecar.formats.base import MalformedRequest, RequestRewrite, UnfilterableRequest
+from sidecar.formats.base import MalformedRequest, UnfilterableRequest
 from sidecar.formats.rewriter import SearchRewriter
 
 DEFAULT_NAMESPACE: Final = "__default__"
@@ -67,29 +67,12 @@ def endpoint(route: Route) -> Endpoint | None:
 class PineconeRequests(SearchRewriter[Endpoint]):
     """Rewrites ``POST /query`` and records searches of a Pinecone index host."""
 
-    def rewrite_request(
-        self,
-        body: bytes,
-        route: Route,
-        *,
-        tenant: str,
-        tenant_key: str | None,
-        overfetch_factor: float,
-        overfetch_cap: int,
-    ) -> RequestRewrite:
-        """``SearchRewriter.rewrite_request``; a records search names the namespace of
-        its path, which the body does not repeat."""
-        rewrite = super().rewrite_request(
-            body,
-            route,
-            tenant=tenant,
-            tenant_key=tenant_key,
-            overfetch_factor=overfetch_factor,
-            overfetch_cap=overfetch_cap,
-        )
+    def route_collections(self, route: Route) -> list[str] | None:
+        """The namespace a records search's path names (``base.NamesCollections``), as
+        written: the body does not repeat it. None for other routes."""
         if endpoint(route) is RECORDS:
-            return replace(rewrite, collections=(route.path.removesuffix("/").split("/")[3],))
-        return rewrite
+            return [route.path.removesuffix("/").split("/")[3]]
+        return None
 
     def _request_endpoint(self, route: Route) -> Endpoint | None:
         return endpoint(route)
