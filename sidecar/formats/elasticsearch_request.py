@@ -51,9 +51,8 @@ from sidecar.formats.base import (
     MalformedRequest,
     RequestRewrite,
     UnfilterableRequest,
-    has_duplicate_keys,
 )
-from sidecar.formats.rewriter import SearchRewriter
+from sidecar.formats.rewriter import SearchRewriter, load_request
 
 DEFAULT_SIZE: Final = 10
 
@@ -200,14 +199,9 @@ def _read_lines(body: bytes) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
 def _line(line: bytes) -> dict[str, Any]:
     if not line.strip():
         return {}
-    try:
-        value = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        value = None
+    value = load_request(line, "multi-search line")
     if not isinstance(value, dict):
         raise MalformedRequest("a multi-search line is not a JSON object")
-    if has_duplicate_keys(line, value):
-        raise MalformedRequest("an object of a multi-search line has the same key twice")
     return value
 
 

@@ -90,7 +90,7 @@ class SearchRewriter(ABC, Generic[EndpointT]):
 
         overfetched = any(limit is not None for limit in limits)
         return RequestRewrite(
-            _dump(document),
+            dump_request(document),
             tuple(limits) if overfetched else (),
             tenant_filter=tenant_key is not None,
             overfetched=overfetched,
@@ -152,7 +152,13 @@ def _unchanged(body: bytes) -> RequestRewrite:
     return RequestRewrite(body, (), tenant_filter=False, overfetched=False)
 
 
-def _load(body: bytes) -> dict[str, Any]:
+def load_request(body: bytes, what: str = "request body") -> Any:
+    """``body`` decoded as a JSON value; raises MalformedRequest naming ``what``.
+
+    A body with a key repeated in an object is refused: the gate reads the
+    last of two keys, and a database that reads the first would see another
+    filter or collection than the one checked.
+    """
     try:
         document = orjson.loads(body)
         readable = True
@@ -161,17 +167,22 @@ def _load(body: bytes) -> dict[str, Any]:
     # Raised outside the handler so that nothing is chained: a decode error's
     # .doc attribute holds the whole body.
     if not readable:
-        raise MalformedRequest("request body is not valid UTF-8 JSON")
-    if not isinstance(document, dict):
-        raise MalformedRequest("request body is not a JSON object")
+        raise MalformedRequest(f"{what} is not valid UTF-8 JSON")
     if has_duplicate_keys(body, document):
-        # The gate reads the last of two keys; a database that reads the first
-        # would see another filter or collection than the one checked.
-        raise MalformedRequest("an object of the request has the same key twice")
+        raise MalformedRequest(f"an object of the {what} has the same key twice")
     return document
 
 
-def _dump(document: dict[str, Any]) -> bytes:
+def _load(body: bytes) -> dict[str, Any]:
+    document = load_request(body)
+    if not isinstance(document, dict):
+        raise MalformedRequest("request body is not a JSON object")
+    return document
+
+
+def dump_request(document: Any) -> bytes:
+    """``document`` as the request body sent on; raises MalformedRequest past orjson's
+    nesting limit."""
     try:
         return orjson.dumps(document)
     except orjson.JSONEncodeError:

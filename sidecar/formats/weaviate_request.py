@@ -24,10 +24,9 @@ import math
 from decimal import Decimal
 from typing import Any
 
-import orjson
-
 from sidecar.core.hits import Route
-from sidecar.formats.base import MalformedRequest, RequestRewrite, has_duplicate_keys
+from sidecar.formats.base import MalformedRequest, RequestRewrite
+from sidecar.formats.rewriter import dump_request, load_request
 from sidecar.formats.weaviate_graphql import Options, rewrite_query
 
 
@@ -98,7 +97,7 @@ class WeaviateRequests:
         overfetched = any(asked is not None for asked in limits)
         changed = tenant_key is not None or overfetched
         return RequestRewrite(
-            _dump(document) if changed else body,
+            dump_request(document) if changed else body,
             tuple(limits) if overfetched else (),
             tenant_filter=tenant_key is not None,
             overfetched=overfetched,
@@ -107,22 +106,7 @@ class WeaviateRequests:
 
 
 def _load(body: bytes) -> Any:
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        document = None
-    # Raised outside the handler: a decode error's .doc attribute holds the body.
+    document = load_request(body)
     if not isinstance(document, dict | list):
         raise MalformedRequest("request body is not a JSON object or list")
-    if has_duplicate_keys(body, document):
-        raise MalformedRequest("an object of the request has the same key twice")
     return document
-
-
-def _dump(document: Any) -> bytes:
-    try:
-        return orjson.dumps(document)
-    except orjson.JSONEncodeError:
-        # Only nesting past orjson's depth limit gets here.
-        pass
-    raise MalformedRequest("request body is nested too deeply")
