@@ -20,6 +20,7 @@ from sidecar.core.hits import path_under
 from sidecar.core.modes import Mode, RoutePolicy
 from sidecar.formats.registry import FormatTable, build_format_table
 from sidecar.identity.claims import DEFAULT_PRINCIPAL_CLAIMS
+from sidecar.identity.credentials import LOCATIONS, check_locations
 from sidecar.identity.spiffe import WorkloadMap
 from sidecar.metrics import check_metric_collections
 
@@ -151,6 +152,14 @@ class Settings:
         metadata=about(
             "where the sidecar serves a JWKS URL's keys, as it accepts them, to Envoy "
             "(envoy-jwt): loopback ip:port or unix:/path (proxy: a private unix socket)"
+        ),
+    )
+    jwt_credentials: tuple[str, ...] = field(
+        default=LOCATIONS,
+        metadata=about(
+            "where the JWT may travel (identity jwt), comma-separated: bearer "
+            "(authorization: Bearer), base64 (authorization: base64 of the token, "
+            "pymilvus), api-key (qdrant-client, pinecone)"
         ),
     )
     jwt_leeway_seconds: float = field(
@@ -436,6 +445,10 @@ def _convert(name: str, value: Any) -> Any:
             if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
                 raise TypeError("must be a list of strings")
             return check_metric_collections(value)
+        if name == "jwt_credentials":
+            if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+                raise TypeError("must be a list of strings")
+            return check_locations(value)
         if name == "jwt_payload_key":
             if not isinstance(value, str) or not value:
                 raise ValueError("must be a non-empty metadata key")

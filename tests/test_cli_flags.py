@@ -54,6 +54,8 @@ def sample(setting_field: Field[Any]) -> tuple[str, Any]:
         return "/srv/gate/sample", Path("/srv/gate/sample")
     if value_type is str:
         return "sample", "sample"
+    if setting_field.name == "jwt_credentials":  # a list of known names
+        return "api-key, bearer", ("api-key", "bearer")
     if value_type == tuple[str, ...]:
         return "ACME_HOLD, LEGAL_HOLD", ("ACME_HOLD", "LEGAL_HOLD")
     raise AssertionError(f"no sample for {setting_field.name}: {value_type}")

@@ -48,9 +48,6 @@ def failure_code(message: str) -> str:
 class EnvoyJwtPayload:
     """Reads ``request.metadata[namespace][payload_key]`` and maps its claims."""
 
-    # jwt_authn keeps the header unless `forward: false`; the vector DB never needs it.
-    strip_headers: tuple[str, ...] = ("authorization",)
-
     def __init__(
         self,
         mapping: ClaimMapping,
@@ -59,7 +56,12 @@ class EnvoyJwtPayload:
         audience: str,
         namespace: str = JWT_AUTHN_NAMESPACE,
         payload_key: str = PAYLOAD_KEY,
+        credential_headers: tuple[str, ...] = ("authorization",),
     ) -> None:
+        """``credential_headers``: where clients may put the token, all removed upstream."""
+        # jwt_authn removes only a token it verified (`forward: false`); the vector
+        # DB never needs any of them.
+        self.strip_headers = credential_headers
         self._mapping = mapping
         self._issuer = issuer
         self._audience = audience

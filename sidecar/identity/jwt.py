@@ -13,7 +13,7 @@ Error messages never contain the token or a claim value.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import jwt
@@ -21,6 +21,7 @@ import jwt
 from sidecar.core.caller import Caller, IdentityError
 from sidecar.identity import AuthRequest
 from sidecar.identity.claims import ClaimMapping
+from sidecar.identity.credentials import BEARER, credential_headers, find_token
 from sidecar.identity.keys import KeySource
 
 
@@ -91,27 +92,23 @@ def _rejection(error: jwt.PyJWTError) -> IdentityError:
 
 
 class JwtBearer:
-    """Identity from an ``authorization: Bearer <token>`` header the sidecar verifies."""
+    """Identity from a JWT the sidecar verifies, found where the client sends its credential.
 
-    # The caller's token is for the gate; the vector DB never sees it.
-    strip_headers: tuple[str, ...] = ("authorization",)
+    ``locations`` are ``sidecar.identity.credentials`` names (default: an
+    ``authorization: Bearer`` header only).
+    """
 
-    def __init__(self, verifier: JwtVerifier, mapping: ClaimMapping) -> None:
+    def __init__(
+        self, verifier: JwtVerifier, mapping: ClaimMapping, locations: Sequence[str] = (BEARER,)
+    ) -> None:
         self._verifier = verifier
         self._mapping = mapping
+        self._locations = tuple(locations)
+        # The caller's token is for the gate; the vector DB never sees it.
+        self.strip_headers = credential_headers(self._locations)
 
     async def identify(self, request: AuthRequest) -> Caller:
-        """Verify the bearer token and map its claims; IdentityError when absent or invalid."""
-        token = _bearer_token(request.headers)
+        """Verify the token and map its claims; IdentityError when absent or invalid."""
+        token = find_token(request.headers, self._locations)
         claims = await self._verifier.verify(token)
         return self._mapping.caller_from_claims(claims)
-
-
-def _bearer_token(headers: Mapping[str, str]) -> str:
-    """The token of an ``authorization: Bearer`` header; IdentityError ``token_missing`` else."""
-    scheme, _, token = headers.get("authorization", "").strip().partition(" ")
-    token = token.strip()
-    # RFC 7235: the auth scheme is case-insensitive.
-    if scheme.lower() != "bearer" or not token:
-        raise IdentityError("token_missing", "no bearer token in the authorization header")
-    return token

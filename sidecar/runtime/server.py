@@ -25,6 +25,7 @@ from sidecar.envoy.ext_authz import AuthorizationServicer
 from sidecar.envoy.ext_proc import ExternalProcessorServicer
 from sidecar.identity import IdentityProvider
 from sidecar.identity.claims import ClaimMapping
+from sidecar.identity.credentials import credential_headers
 from sidecar.identity.envoy_jwt import EnvoyJwtPayload
 from sidecar.identity.headers import TrustedHeaders
 from sidecar.identity.jwt import JwtBearer, JwtVerifier
@@ -67,6 +68,7 @@ def build_identity(settings: Settings) -> IdentityProvider:
             issuer=settings.issuer,
             audience=settings.audience,
             payload_key=settings.jwt_payload_key,
+            credential_headers=credential_headers(settings.jwt_credentials),
         )
     if settings.identity is IdentityMode.JWT:
         keys = key_source(
@@ -80,7 +82,7 @@ def build_identity(settings: Settings) -> IdentityProvider:
             audience=settings.audience,
             leeway_seconds=settings.jwt_leeway_seconds,
         )
-        return JwtBearer(verifier, mapping)
+        return JwtBearer(verifier, mapping, settings.jwt_credentials)
     raise ConfigError(f"unsupported identity mode {settings.identity!r}")
 
 
