@@ -36,9 +36,14 @@ _CONTENT_KINDS = frozenset({RouteKind.FILTERED, RouteKind.CONTENT})
 # gate decides on the method Envoy saw, so the upstream must not see another.
 METHOD_OVERRIDE_HEADERS = ("x-http-method", "x-http-method-override", "x-method-override")
 # Headers that choose which data a request reads but that the request policy
-# does not see (Milvus' DB-Name picks the database of a body's collectionName):
-# the request must say it where the gate reads it (Milvus: dbName in the body).
-SCOPE_HEADERS = ("db-name",)
+# does not see (Milvus' DB-Name picks the database of a body's collectionName,
+# pymilvus' dbname metadata that of a gRPC call's collection_name): the request
+# must say it where the gate reads it (Milvus: dbName or db_name in the body).
+# Each with the values that choose nothing (pymilvus always sends dbname).
+SCOPE_HEADERS: dict[str, frozenset[str]] = {
+    "db-name": frozenset(),
+    "dbname": frozenset({"", "default"}),
+}
 
 
 def path_problem(path: str) -> str | None:
@@ -80,9 +85,18 @@ class AccessDenied(Exception):
         return refusals.error_body(self.code, reasons=self.reasons)
 
 
+# The standard gRPC health check: database clients call it at connect time
+# without credentials (the Weaviate v4 client does), and its answer is a
+# serving status, no data of any tenant.
+OPEN_PROBES = frozenset({Route("POST", "/grpc.health.v1.Health/Check")})
+
+
 @dataclass(frozen=True, slots=True)
 class Admission:
-    caller: Caller
+    """An admitted request: its caller (None for an ``OPEN_PROBES`` call, which needs
+    none and whose answer the gate does not read), and the headers to strip."""
+
+    caller: Caller | None
     strip_headers: tuple[str, ...]
 
 
@@ -113,12 +127,18 @@ class RequestAccess:
         if self._probes_content(request.method.upper(), request.path):
             log.info("request refused: %s on a route that returns chunks", request.method)
             raise AccessDenied(405, refusals.METHOD_NOT_ALLOWED)
-        scoped = [h for h in SCOPE_HEADERS if h in request.headers]
+        scoped = [
+            name
+            for name, harmless in SCOPE_HEADERS.items()
+            if name in request.headers and request.headers[name].strip() not in harmless
+        ]
         if scoped:
             log.info(
                 "request refused: header %s chooses data the request policy cannot see", scoped[0]
             )
             raise AccessDenied(400, refusals.REQUEST_NOT_FILTERABLE)
+        if Route(request.method.upper(), request.path) in OPEN_PROBES:
+            return Admission(None, self._strip_headers(request))
         try:
             caller = await self._identity.identify(request)
         except IdentityError as exc:
@@ -128,10 +148,14 @@ class RequestAccess:
         if self._request_policy is not None:
             route = Route(request.method, request.path)
             self._check_policy(caller, route, self._collections(route))
+        return Admission(caller, self._strip_headers(request))
+
+    def _strip_headers(self, request: AuthRequest) -> tuple[str, ...]:
+        """Client-sent identity and method-override headers: never the database's business."""
         strip = {h for h in request.headers if h.startswith(GATE_HEADER_PREFIX)}
         strip.update(self._identity.strip_headers)
         strip.update(h for h in METHOD_OVERRIDE_HEADERS if h in request.headers)
-        return Admission(caller, tuple(sorted(strip)))
+        return tuple(sorted(strip))
 
     def _probes_content(self, method: str, path: str) -> bool:
         """True for HEAD where GET on ``path`` returns chunks (filtered or not), and for

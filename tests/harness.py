@@ -135,6 +135,7 @@ class GateStack:
         max_body_bytes: int = 4 * 1024 * 1024,
         store_url: str | None = None,
         upstream_url: str | None = None,
+        grpc_upstream_url: str | None = None,
         edit_bootstrap: Callable[[dict[str, Any]], None] | None = None,
         policy_data: Mapping[str, Any] | None = None,
     ) -> None:
@@ -144,7 +145,10 @@ class GateStack:
         starts (e.g. to put a mesh's ext_authz filter in front). ``policy_data``
         is written to a file the sidecar loads as Rego data (the ``policy_data``
         setting), e.g. ``{"retrieval_gate": {"collections": {...}}}``.
+        ``grpc_upstream_url`` is where gRPC calls go (``retrieval-gate proxy
+        --grpc-upstream``), by default the upstream's address.
         """
+        self._grpc_upstream_url = grpc_upstream_url
         self._edit_bootstrap = edit_bootstrap
         self.envoy_admin: tuple[str, int] | None = None
         self.workdir = workdir
@@ -242,6 +246,9 @@ class GateStack:
             settings,
             listen=("127.0.0.1", self.listen_port),
             upstream=Upstream.parse(self.upstream_url),
+            grpc_upstream=(
+                None if self._grpc_upstream_url is None else Upstream.parse(self._grpc_upstream_url)
+            ),
             generated_jwks=generated_jwks,
         )
         if self._edit_bootstrap is not None:

@@ -83,3 +83,29 @@ def test_a_header_that_picks_the_database_is_refused() -> None:
         admit("POST", "/v2/vectordb/entities/search", {"db-name": "finance"})
     assert refused.value.status == 400
     assert refused.value.body() == b'{"error":"request_not_filterable"}'
+
+
+@pytest.mark.parametrize("database", ["finance", "default2", " x "])
+def test_pymilvus_dbname_metadata_naming_a_database_is_refused(database: str) -> None:
+    with pytest.raises(AccessDenied) as refused:
+        admit("POST", "/milvus.proto.milvus.MilvusService/Search", {"dbname": database})
+    assert refused.value.status == 400
+
+
+@pytest.mark.parametrize("database", ["", "default"])
+def test_pymilvus_dbname_metadata_for_the_default_database_passes(database: str) -> None:
+    admit("POST", "/milvus.proto.milvus.MilvusService/Search", {"dbname": database})
+
+
+def test_the_grpc_health_check_needs_no_caller_and_gets_credentials_stripped() -> None:
+    # Database clients (the Weaviate v4 client) call it at connect, without credentials.
+    access = RequestAccess(TrustedHeaders(), None, route_kind=ROUTES.route_kind)
+    probe = AuthRequest("POST", "/grpc.health.v1.Health/Check", {"x-gate-tenant": "forged"})
+    admission = asyncio.run(access.admit(probe))
+    assert admission.caller is None
+    assert "x-gate-tenant" in admission.strip_headers
+    # Only that call: Watch streams, and any other path needs a caller.
+    for path in ("/grpc.health.v1.Health/Watch", "/grpc.health.v1.Health/Check/x"):
+        with pytest.raises(AccessDenied) as refused:
+            asyncio.run(access.admit(AuthRequest("POST", path, {})))
+        assert refused.value.status == 401

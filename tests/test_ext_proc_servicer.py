@@ -64,7 +64,7 @@ def request_headers(
     return message
 
 
-def client_headers(path: str, method: str = "POST") -> ext_proc.ProcessingRequest:
+def client_headers(path: str, method: str = "POST", **extra: str) -> ext_proc.ProcessingRequest:
     """Request headers with no ext_authz in front: the stream admits the caller itself."""
     return request_headers(
         path,
@@ -73,6 +73,7 @@ def client_headers(path: str, method: str = "POST") -> ext_proc.ProcessingReques
         x_gate_tenant="acme",
         x_gate_principals="group:qa",
         accept_encoding="gzip",
+        **extra,
     )
 
 

@@ -21,6 +21,10 @@ SEARCHES = {
     "milvus": Route("POST", "/v2/vectordb/entities/search"),
     "pinecone": Route("POST", "/query"),
     "elasticsearch": Route("POST", "/docs/_search"),
+    "qdrant_grpc": Route("POST", "/qdrant.Points/Query"),
+    "weaviate_grpc": Route("POST", "/weaviate.v1.Weaviate/Search"),
+    "pinecone_grpc": Route("POST", "/VectorService/Query"),
+    "milvus_grpc": Route("POST", "/milvus.proto.milvus.MilvusService/Search"),
 }
 
 

@@ -165,6 +165,7 @@ def test_the_request_policy_sees_every_collection_of_the_route_and_body() -> Non
         "POST", "/x/points/search", {"x-gate-tenant": "acme", "x-gate-principals": "user:a"}
     )
     admission = asyncio.run(access.admit(request))
+    assert admission.caller is not None
     access.check_body_collections(
         admission.caller, Route("POST", "/x/points/search"), ["b", "a", "c"]
     )

@@ -26,6 +26,10 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     proxying.add_argument(
         "--upstream", required=True, help="vector DB URL, e.g. http://127.0.0.1:6333"
     )
+    proxying.add_argument(
+        "--grpc-upstream",
+        help="the DB's gRPC endpoint when it is not --upstream's port, e.g. http://127.0.0.1:6334",
+    )
     proxying.add_argument("--listen", required=True, help="host:port for applications to call")
     proxying.add_argument("--envoy-concurrency", type=int, default=1, help="Envoy worker threads")
     proxying.set_defaults(func=proxy)
@@ -49,6 +53,7 @@ def proxy(args: argparse.Namespace) -> int:
     try:
         listen = parse_host_port(args.listen)
         upstream = Upstream.parse(args.upstream)
+        grpc_upstream = None if args.grpc_upstream is None else Upstream.parse(args.grpc_upstream)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     return asyncio.run(
@@ -56,6 +61,7 @@ def proxy(args: argparse.Namespace) -> int:
             settings,
             listen=listen,
             upstream=upstream,
+            grpc_upstream=grpc_upstream,
             envoy_concurrency=args.envoy_concurrency,
             private_socket=args.grpc_listen is None,
         )

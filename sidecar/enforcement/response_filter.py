@@ -29,7 +29,7 @@ from sidecar.audit.record import UpstreamError
 from sidecar.audit.sink import AuditError, AuditSink
 from sidecar.core.caller import Caller
 from sidecar.core.gate import Gate
-from sidecar.core.hits import Route
+from sidecar.core.hits import Route, RouteKind
 from sidecar.core.modes import Mode, RoutePolicy
 from sidecar.core.outcome import Outcome
 from sidecar.enforcement.deciding import Decider
@@ -173,6 +173,36 @@ class ResponseFilter:
         if not isinstance(fmt, RequestRewriter) or not fmt.rewrites_request(route):
             return None
         return fmt
+
+    def collections_reader(self, route: Route) -> RequestRewriter | None:
+        """For a route the gate does not filter, the rewriter that reads the collections
+        its request bodies name; None when there is none.
+
+        A gRPC call names its collection only in its body (a Qdrant upsert's
+        ``collection_name``), so the request policy's ownership check needs
+        the body on every route the format reads, not only on searches.
+        """
+        found = self._formats.classify(route)
+        if found is None or found[1] is RouteKind.FILTERED:
+            return None
+        return self.rewriter_for(found[0], route)
+
+    def body_collections(
+        self, reader: RequestRewriter, route: Route, body: bytes
+    ) -> tuple[str, ...]:
+        """The collections ``body`` names, as ``reader`` reads them; raises MalformedRequest.
+
+        Nothing is rewritten: no tenant condition, no over-fetch.
+        """
+        read = reader.rewrite_request(
+            body,
+            route,
+            tenant="",
+            tenant_key=None,
+            overfetch_factor=1.0,
+            overfetch_cap=self._overfetch_cap,
+        )
+        return read.collections
 
     def pushes_down(self, route: Route) -> bool:
         """True when searches on ``route`` are restricted to the caller's tenant."""

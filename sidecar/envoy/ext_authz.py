@@ -84,7 +84,8 @@ class AuthorizationServicer(authz_grpc.AuthorizationServicer):
             self._count_refusal(exc.status)
             return _denied(exc)
         metadata = struct_pb2.Struct()
-        metadata.update(admission.caller.to_document())
+        if admission.caller is not None:  # an open probe leaves no caller
+            metadata.update(admission.caller.to_document())
         return authz.CheckResponse(
             status=authz.RpcStatus(code=_OK),
             ok_response=authz.OkHttpResponse(headers_to_remove=list(admission.strip_headers)),

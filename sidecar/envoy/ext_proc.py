@@ -26,7 +26,9 @@ from sidecar.core.caller import Caller, IdentityError
 from sidecar.core.hits import Route
 from sidecar.core.modes import Mode, RoutePolicy
 from sidecar.enforcement.response_filter import FilterResult, ResponseFilter
+from sidecar.envoy import grpc_body
 from sidecar.envoy.content_encoding import UndecodableBody, decode, parse_content_encoding
+from sidecar.envoy.grpc_status import GrpcCode, as_grpc
 from sidecar.envoy.messages import header_dict, immediate, set_headers
 from sidecar.formats.base import (
     MalformedRequest,
@@ -58,16 +60,23 @@ _SKIP_BODY = _Mode(response_body_mode=_Mode.NONE)
 
 
 def _whole_mode(
-    response_headers: _Mode.HeaderSendMode, bodies: _Mode.BodySendMode
+    response_headers: _Mode.HeaderSendMode,
+    bodies: _Mode.BodySendMode,
+    *,
+    request_body: _Mode.BodySendMode | None = None,
+    response_trailers: _Mode.HeaderSendMode = _Mode.SKIP,
 ) -> processing_mode.ProcessingMode:
-    """A mode override with every field spelled out: an override replaces the whole mode."""
+    """A mode override with every field spelled out: an override replaces the whole mode.
+
+    ``request_body`` defaults to ``bodies``.
+    """
     return _Mode(
         request_header_mode=_Mode.SEND,
         response_header_mode=response_headers,
-        request_body_mode=bodies,
+        request_body_mode=bodies if request_body is None else request_body,
         response_body_mode=bodies,
         request_trailer_mode=_Mode.SKIP,
-        response_trailer_mode=_Mode.SKIP,
+        response_trailer_mode=response_trailers,
     )
 
 
@@ -93,11 +102,23 @@ RESPONSE_HEADERS_KEPT = frozenset(
     }
 )
 
+# A filtered gRPC answer also needs its response headers' counterpart: the
+# trailers (grpc-status, and whatever else the server puts there).
+GRPC_RESPONSE_HEADERS_KEPT = RESPONSE_HEADERS_KEPT | {"grpc-encoding"}
+GRPC_TRAILERS_KEPT = frozenset({"grpc-status"})
+
 # Sent with the request-headers answer on routes the gate does not filter: the
 # stream ends there, one message for the whole request.
 _NOTHING_MORE = _whole_mode(_Mode.SKIP, _Mode.NONE)
 # Sent with the request-headers answer when the gate rewrites the query.
 _WITH_REQUEST_BODY = _whole_mode(_Mode.SEND, _Mode.BUFFERED)
+# The same for gRPC calls, whose trailers the gate reads too.
+_GRPC_WITH_REQUEST_BODY = _whole_mode(_Mode.SEND, _Mode.BUFFERED, response_trailers=_Mode.SEND)
+_GRPC_RESPONSE_ONLY = _whole_mode(
+    _Mode.SEND, _Mode.BUFFERED, request_body=_Mode.NONE, response_trailers=_Mode.SEND
+)
+# A gRPC call the gate does not filter, whose body names its collections.
+_REQUEST_BODY_ONLY = _whole_mode(_Mode.SKIP, _Mode.NONE, request_body=_Mode.BUFFERED)
 
 
 @dataclass
@@ -117,6 +138,10 @@ class _Exchange:
     upstream_status: int | None = None  # set for a non-2xx upstream answer to be replaced
     query_string: str = ""  # the request's URL parameters, as sent
     trace_headers: dict[str, str] | None = None  # traceparent, tracestate: the decision's parent
+    grpc: bool = False  # a gRPC call: refusals are gRPC statuses, bodies are frames
+    collections_only: bool = False  # the request body is read for its collections, not rewritten
+    request_grpc_encoding: str = ""  # how the request's compressed frames are compressed
+    grpc_encoding: str = ""  # the same for the response's
 
 
 class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
@@ -136,12 +161,15 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         exchange = _Exchange()
         async for request in request_iterator:
             try:
-                yield await self._handle(exchange, request)
+                answer = await self._handle(exchange, request)
             except Exception:
                 # Never let a bug turn into "continue": answer with an error instead.
                 log.exception("ext_proc message handling failed")
-                yield _refuse(500, refusals.GATE_INTERNAL_ERROR, "retrieval_gate_error")
+                answer = _refuse(500, refusals.GATE_INTERNAL_ERROR, "retrieval_gate_error")
+                yield as_grpc(answer) if exchange.grpc else answer
                 return
+            # A gRPC client reads a refusal from grpc-status, never from an HTTP body.
+            yield as_grpc(answer) if exchange.grpc else answer
 
     async def _handle(
         self, exchange: _Exchange, request: ext_proc.ProcessingRequest
@@ -166,7 +194,7 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             return self._counted(self._on_request_body(exchange, request.request_body))
         if kind == "request_trailers":
             return ext_proc.ProcessingResponse(request_trailers=ext_proc.TrailersResponse())
-        return ext_proc.ProcessingResponse(response_trailers=ext_proc.TrailersResponse())
+        return self._on_response_trailers(exchange, request.response_trailers)
 
     def _counted(self, answer: ext_proc.ProcessingResponse) -> ext_proc.ProcessingResponse:
         """``answer``, with a refusal of the request (before the database) counted."""
@@ -194,6 +222,8 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         exchange.route = Route(method=headers.get(":method", "GET"), path=path)
         exchange.request_id = headers.get("x-request-id", "")
         exchange.trace_headers = trace_context(headers)
+        exchange.grpc = grpc_body.is_grpc(headers)
+        exchange.request_grpc_encoding = headers.get("grpc-encoding", "")
         if path_problem(path) is not None:
             # Admission refuses these too; an ext_authz in front should have.
             return _refuse(400, refusals.PATH_NOT_CANONICAL, "retrieval_gate_bad_path")
@@ -217,23 +247,29 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             except AccessDenied as exc:
                 log.info("request refused: %s %s", exc.status, exc.code)
                 return immediate(exc.status, exc.body(), f"retrieval_gate_{exc.code}")
-            exchange.caller = admission.caller
             mutation.remove_headers.extend(admission.strip_headers)
+            if admission.caller is None:
+                # A probe that needs no caller (a gRPC health check): nothing to read.
+                self._filter.count_passthrough("none")
+                return _headers_answer_for_request(mutation)
+            exchange.caller = admission.caller
         exchange.fmt = self._filter.format_for(exchange.route)
         if exchange.fmt is None:
             self._filter.count_passthrough("none")
-            return ext_proc.ProcessingResponse(
-                request_headers=ext_proc.HeadersResponse(
-                    response=ext_proc.CommonResponse(header_mutation=mutation)
-                ),
-                mode_override=_NOTHING_MORE,
-            )
+            reader = self._filter.collections_reader(exchange.route) if exchange.grpc else None
+            if reader is not None and not message.end_of_stream:
+                # A gRPC path names no collection: the policy's check needs the body.
+                exchange.rewriter, exchange.collections_only = reader, True
+                return _headers_answer_for_request(mutation, _REQUEST_BODY_ONLY)
+            return _headers_answer_for_request(mutation)
         problem = self._filter.request_problem(exchange.fmt, exchange.route, exchange.query_string)
         if problem is not None:
             log.info("request refused: %s", problem)
             return _refuse(400, refusals.REQUEST_NOT_FILTERABLE, "retrieval_gate_unfilterable")
         # Ask for an uncompressed body; one that comes compressed anyway is decoded.
-        mutation.remove_headers.append("accept-encoding")
+        mutation.remove_headers.append(
+            "grpc-accept-encoding" if exchange.grpc else "accept-encoding"
+        )
         exchange.rewriter = self._filter.rewriter_for(exchange.fmt, exchange.route)
         if exchange.rewriter is not None and message.end_of_stream:
             if self._filter.pushes_down(exchange.route):
@@ -247,7 +283,12 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
                 response=ext_proc.CommonResponse(header_mutation=mutation)
             )
         )
-        if exchange.rewriter is not None:
+        if exchange.grpc:
+            with_body = exchange.rewriter is not None
+            response.mode_override.CopyFrom(
+                _GRPC_WITH_REQUEST_BODY if with_body else _GRPC_RESPONSE_ONLY
+            )
+        elif exchange.rewriter is not None:
             response.mode_override.CopyFrom(_WITH_REQUEST_BODY)
         return response
 
@@ -260,9 +301,19 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         if not message.end_of_stream:
             log.error("request body arrived in parts; the gate needs it BUFFERED")
             return _refuse(500, refusals.GATE_MISCONFIGURED, "retrieval_gate_not_buffered")
+        body = message.body
+        if exchange.grpc:
+            try:
+                body = grpc_body.uncompressed(
+                    body, exchange.request_grpc_encoding, self._max_body_bytes
+                )
+            except UndecodableBody:
+                return _refuse(400, refusals.REQUEST_BODY_MALFORMED, "retrieval_gate_bad_request")
+        if exchange.collections_only:
+            return self._check_collections_only(rewriter, route, caller, body)
         try:
             rewrite = self._filter.rewrite_request(
-                rewriter, route, caller, message.body, exchange.query_string
+                rewriter, route, caller, body, exchange.query_string
             )
         except UnfilterableRequest as exc:
             log.info("request refused: %s", exc.code)
@@ -280,13 +331,27 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             log.info("request refused: %s %s", exc.status, exc.code)
             return immediate(exc.status, exc.body(), f"retrieval_gate_{exc.code}")
         exchange.rewrite = rewrite
+        # gRPC frames carry their own lengths, and gRPC requests no content-length.
+        length = {} if exchange.grpc else {"content-length": str(len(rewrite.body))}
         common = ext_proc.CommonResponse(
-            header_mutation=ext_proc.HeaderMutation(
-                set_headers=set_headers({"content-length": str(len(rewrite.body))})
-            )
+            header_mutation=ext_proc.HeaderMutation(set_headers=set_headers(length))
         )
         common.body_mutation.body = rewrite.body
         return ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse(response=common))
+
+    def _check_collections_only(
+        self, reader: RequestRewriter, route: Route, caller: Caller, body: bytes
+    ) -> ext_proc.ProcessingResponse:
+        """Pass a request body unchanged once the collections it names passed the policy."""
+        try:
+            collections = self._filter.body_collections(reader, route, body)
+            self._access.check_body_collections(caller, route, collections)
+        except MalformedRequest:
+            return _refuse(400, refusals.REQUEST_BODY_MALFORMED, "retrieval_gate_bad_request")
+        except AccessDenied as exc:
+            log.info("request refused: %s %s", exc.status, exc.code)
+            return immediate(exc.status, exc.body(), f"retrieval_gate_{exc.code}")
+        return ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse())
 
     def _on_response_headers(
         self, exchange: _Exchange, message: ext_proc.HttpHeaders
@@ -301,14 +366,19 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         status = headers.get(":status", "")
         if not status.startswith("2"):
             return self._on_upstream_error(exchange, fmt, headers, message.end_of_stream, policy)
+        if exchange.grpc and headers.get("grpc-status", "0") != "0":
+            # A trailers-only gRPC error: its grpc-message can quote documents.
+            return self._on_grpc_error(exchange, fmt, headers, policy)
         # Audit mode changes nothing the client gets; otherwise only allowlisted
         # upstream headers reach it.
-        common = _CONTINUE if policy.mode is Mode.AUDIT else _allowlisted(headers)
+        kept = GRPC_RESPONSE_HEADERS_KEPT if exchange.grpc else RESPONSE_HEADERS_KEPT
+        common = _CONTINUE if policy.mode is Mode.AUDIT else _allowlisted(headers, kept)
         if message.end_of_stream:
             # An empty answer: no hits to filter.
             self._filter.count_passthrough(fmt.name, route)
             exchange.fmt = None
             return _headers_answer(common, skip_body=True)
+        exchange.grpc_encoding = headers.get("grpc-encoding", "")
         try:
             # The gate asked for no compression; an upstream that compresses anyway
             # gets its body decoded, and the filtered body goes out uncompressed.
@@ -348,6 +418,33 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             exchange.codings = ()  # the audit record then keeps the body's bytes as they came
         # The body is needed (buffered) for the audit record; the answer comes with it.
         return _headers_answer(_CONTINUE, skip_body=False)
+
+    def _on_grpc_error(
+        self,
+        exchange: _Exchange,
+        fmt: ResponseFormat,
+        headers: Mapping[str, str],
+        policy: RoutePolicy,
+    ) -> ext_proc.ProcessingResponse:
+        """A gRPC error status from the upstream: the client gets the status, the gate's message.
+
+        The upstream's grpc-message goes to the audit record, like the text of
+        an HTTP error; ``pass_upstream_errors`` passes it as it came.
+        """
+        if policy.pass_upstream_errors:
+            self._filter.count_passthrough(fmt.name, exchange.route)
+            exchange.fmt = None
+            return _headers_answer(_CONTINUE, skip_body=True)
+        code = headers.get("grpc-status", "")
+        exchange.upstream_status = _BAD_GATEWAY
+        text = f"grpc-status {code}: {headers.get('grpc-message', '')}".encode()
+        passed = _headers_answer(_CONTINUE, skip_body=True)
+        answer = self._upstream_error(exchange, fmt, text, passed)
+        if answer.HasField("immediate_response"):
+            # The client keeps the upstream's status (its retry logic reads it).
+            grpc_code = int(code) if code.isdigit() and 0 < int(code) < 17 else GrpcCode.UNAVAILABLE
+            answer.immediate_response.grpc_status.status = grpc_code
+        return answer
 
     def _upstream_error(
         self,
@@ -400,9 +497,10 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         if caller is None:
             # Every admitted request has a caller; this stream skipped its headers.
             return _refuse(401, refusals.IDENTITY_MISSING, "retrieval_gate_no_identity")
-        if not message.end_of_stream:
+        if not message.end_of_stream and not exchange.grpc:
             # Only BUFFERED mode hands over the whole body; passing a part on
-            # would let unfiltered chunks through.
+            # would let unfiltered chunks through. (A gRPC body is followed by its
+            # trailers, so it never ends the stream; its frames say where it ends.)
             log.error("response body arrived in parts; configure response_body_mode BUFFERED")
             return _refuse(500, refusals.GATE_MISCONFIGURED, "retrieval_gate_not_buffered")
         passed = ext_proc.ProcessingResponse(response_body=ext_proc.BodyResponse())
@@ -419,22 +517,52 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         result = await self._filter.filter(
             fmt, route, caller, exchange.request_id, body, exchange.rewrite, exchange.trace_headers
         )
-        answer = self._body_answer(result)
-        if exchange.codings and result.body is not None:
+        answer = self._body_answer(result, grpc=exchange.grpc)
+        if result.body is not None:
             # The new body is not compressed; an untouched one keeps its coding.
             mutation = answer.response_body.response.header_mutation
-            mutation.remove_headers.append("content-encoding")
+            if exchange.codings:
+                mutation.remove_headers.append("content-encoding")
+            if exchange.grpc_encoding:
+                mutation.remove_headers.append("grpc-encoding")
         return answer
 
     async def _decoded(self, exchange: _Exchange, body: bytes) -> bytes:
-        """``body`` without its content codings; raises UndecodableBody."""
+        """``body`` without its content codings (for gRPC, its frames decompressed);
+        raises UndecodableBody."""
+        if exchange.grpc and not exchange.codings:
+            if exchange.grpc_encoding in ("", "identity"):
+                # Nothing can be compressed: only the framing is checked, on the loop.
+                return grpc_body.uncompressed(body, "", self._max_body_bytes)
+            return await asyncio.to_thread(
+                grpc_body.uncompressed, body, exchange.grpc_encoding, self._max_body_bytes
+            )
         if not exchange.codings:
             return body
         # In a thread: decoding a large body must not stall every other stream.
         return await asyncio.to_thread(decode, body, exchange.codings, self._max_body_bytes)
 
+    def _on_response_trailers(
+        self, exchange: _Exchange, message: ext_proc.HttpTrailers
+    ) -> ext_proc.ProcessingResponse:
+        """A filtered gRPC answer's trailers: only grpc-status reaches the client.
+
+        Trailers are metadata the server chose to send after the messages (a
+        grpc-message, rich error details, a database's own counters); like
+        response headers, what the gate does not know is removed.
+        """
+        answer = ext_proc.TrailersResponse()
+        if exchange.grpc and exchange.route is not None:
+            policy = self._filter.policy_for(exchange.route)
+            if policy.mode is not Mode.AUDIT:
+                names = header_dict(message.trailers)
+                answer.header_mutation.remove_headers.extend(
+                    name for name in names if name not in GRPC_TRAILERS_KEPT
+                )
+        return ext_proc.ProcessingResponse(response_trailers=answer)
+
     @staticmethod
-    def _body_answer(result: FilterResult) -> ext_proc.ProcessingResponse:
+    def _body_answer(result: FilterResult, *, grpc: bool) -> ext_proc.ProcessingResponse:
         if result.status != 200:
             return _immediate(result, f"retrieval_gate_{result.outcome}")
         common = ext_proc.CommonResponse(
@@ -442,10 +570,12 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         )
         if result.body is not None:
             common.body_mutation.body = result.body
-            # Envoy keeps the upstream content-length and rejects a body of another length.
-            common.header_mutation.set_headers.extend(
-                set_headers({"content-length": str(len(result.body))})
-            )
+            if not grpc:
+                # Envoy keeps the upstream content-length and rejects a body of
+                # another length (gRPC answers have none: frames carry lengths).
+                common.header_mutation.set_headers.extend(
+                    set_headers({"content-length": str(len(result.body))})
+                )
         return ext_proc.ProcessingResponse(response_body=ext_proc.BodyResponse(response=common))
 
 
@@ -466,12 +596,24 @@ def _headers_answer(
     return answer
 
 
-def _allowlisted(headers: Mapping[str, str]) -> ext_proc.CommonResponse:
-    """Remove every upstream response header that is not in ``RESPONSE_HEADERS_KEPT``."""
+def _headers_answer_for_request(
+    mutation: ext_proc.HeaderMutation, mode: processing_mode.ProcessingMode = _NOTHING_MORE
+) -> ext_proc.ProcessingResponse:
+    """The request-headers answer of a route whose answer the gate does not read."""
+    return ext_proc.ProcessingResponse(
+        request_headers=ext_proc.HeadersResponse(
+            response=ext_proc.CommonResponse(header_mutation=mutation)
+        ),
+        mode_override=mode,
+    )
+
+
+def _allowlisted(headers: Mapping[str, str], kept: frozenset[str]) -> ext_proc.CommonResponse:
+    """Remove every upstream response header that is not in ``kept``."""
     removed = [
         name
         for name in headers
-        if name not in RESPONSE_HEADERS_KEPT and not name.startswith(":")  # pseudo-headers stay
+        if name not in kept and not name.startswith(":")  # pseudo-headers stay
     ]
     return ext_proc.CommonResponse(header_mutation=ext_proc.HeaderMutation(remove_headers=removed))
 
@@ -485,8 +627,9 @@ def _local_reply(request: ext_proc.ProcessingRequest) -> bool:
     """
     if request.WhichOneof("request") != "response_headers":
         return False
-    status = header_dict(request.response_headers.headers).get(":status", "")
-    return not status.startswith("2")
+    headers = header_dict(request.response_headers.headers)
+    # A gRPC error Envoy answers itself is HTTP 200 with a grpc-status.
+    return not headers.get(":status", "").startswith("2") or headers.get("grpc-status", "0") != "0"
 
 
 def _refuse(status: int, code: str, details: str) -> ext_proc.ProcessingResponse:

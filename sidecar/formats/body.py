@@ -122,6 +122,10 @@ class HitBody(ABC):
         selection.released.sort()
         # Replacements change what a hit carries, never which hits go out.
         self._last_release = ((selection.keep, selection.limits), selection.released)
+        return self._encode(document)
+
+    def _encode(self, document: Any) -> bytes:
+        """The bytes of a rebuilt document: JSON, unless the adapter's bodies are not."""
         return orjson.dumps(document)
 
     def released_positions(

@@ -19,18 +19,28 @@ from sidecar.formats.chroma import ChromaFormat
 from sidecar.formats.elasticsearch import ElasticsearchFormat
 from sidecar.formats.generic import GenericFormat
 from sidecar.formats.milvus import MilvusFormat
+from sidecar.formats.milvus_grpc import MilvusGrpcFormat
 from sidecar.formats.pinecone import PineconeFormat
+from sidecar.formats.pinecone_grpc import PineconeGrpcFormat
 from sidecar.formats.qdrant import QdrantFormat
+from sidecar.formats.qdrant_grpc import QdrantGrpcFormat
 from sidecar.formats.weaviate import WeaviateFormat
+from sidecar.formats.weaviate_grpc import WeaviateGrpcFormat
 
 # Detection order. The path spaces do not overlap on the databases' standard
 # routes; Elasticsearch's ``/{index}/_...`` routes are the loosest, so last.
+# The gRPC adapters' routes are their services' method paths
+# (``/qdrant.Points/Query``), which no REST route looks like.
 BUILT_IN: Final[Mapping[str, Callable[..., ResponseFormat]]] = {
     "qdrant": QdrantFormat,
+    "qdrant_grpc": QdrantGrpcFormat,
     "chroma": ChromaFormat,
     "weaviate": WeaviateFormat,
+    "weaviate_grpc": WeaviateGrpcFormat,
     "milvus": MilvusFormat,
+    "milvus_grpc": MilvusGrpcFormat,
     "pinecone": PineconeFormat,
+    "pinecone_grpc": PineconeGrpcFormat,
     "elasticsearch": ElasticsearchFormat,
 }
 GENERIC = "generic"

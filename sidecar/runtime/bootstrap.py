@@ -49,6 +49,9 @@ class Upstream:
 _TYPE = "type.googleapis.com/"
 SIDECAR_CLUSTER = "retrieval_gate_sidecar"
 UPSTREAM_CLUSTER = "vector_db"
+# gRPC calls (Milvus, Weaviate, Qdrant and Pinecone clients) need HTTP/2 to the
+# database; REST stays on HTTP/1.1, which every database's REST API speaks.
+GRPC_UPSTREAM_CLUSTER = "vector_db_grpc"
 
 
 def _address(host: str, port: int) -> dict[str, Any]:
@@ -142,13 +145,13 @@ def _http_filters(settings: Settings, generated_jwks: Path | None) -> list[dict[
     ]
 
 
-def _upstream_cluster(upstream: Upstream) -> dict[str, Any]:
+def _upstream_cluster(upstream: Upstream, name: str = UPSTREAM_CLUSTER) -> dict[str, Any]:
     cluster: dict[str, Any] = {
-        "name": UPSTREAM_CLUSTER,
+        "name": name,
         "type": "STRICT_DNS",
         "connect_timeout": "5s",
         "load_assignment": {
-            "cluster_name": UPSTREAM_CLUSTER,
+            "cluster_name": name,
             "endpoints": [
                 {
                     "lb_endpoints": [
@@ -164,9 +167,24 @@ def _upstream_cluster(upstream: Upstream) -> dict[str, Any]:
             "typed_config": {
                 "@type": _TYPE + "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
                 "sni": upstream.host,
+                **(
+                    {"common_tls_context": {"alpn_protocols": ["h2"]}}
+                    if name != UPSTREAM_CLUSTER
+                    else {}
+                ),
             },
         }
+    if name == GRPC_UPSTREAM_CLUSTER:
+        cluster["typed_extension_protocol_options"] = _HTTP2_ONLY
     return cluster
+
+
+_HTTP2_ONLY = {
+    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        "@type": _TYPE + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "explicit_http_config": {"http2_protocol_options": {}},
+    }
+}
 
 
 def downstream_tls(settings: Settings) -> dict[str, Any] | None:
@@ -224,9 +242,13 @@ def build_bootstrap(
     *,
     listen: tuple[str, int],
     upstream: Upstream,
+    grpc_upstream: Upstream | None = None,
     generated_jwks: Path | None = None,
 ) -> dict[str, Any]:
     """An Envoy bootstrap (JSON-able) for the proxy: listener -> gate filters -> upstream.
+
+    Requests with a gRPC content type go to ``grpc_upstream`` over HTTP/2
+    (default: ``upstream``'s address; Milvus serves both on one port).
 
     ``generated_jwks`` is the JWKS file written from a PEM key or HMAC secret
     (``jwt_authn.write_generated_jwks``) for `envoy-jwt` identity.
@@ -251,9 +273,21 @@ def build_bootstrap(
                     "domains": ["*"],
                     "routes": [
                         {
+                            "match": {
+                                "prefix": "/",
+                                "headers": [
+                                    {
+                                        "name": "content-type",
+                                        "string_match": {"prefix": "application/grpc"},
+                                    }
+                                ],
+                            },
+                            "route": {"cluster": GRPC_UPSTREAM_CLUSTER, "timeout": "60s"},
+                        },
+                        {
                             "match": {"prefix": "/"},
                             "route": {"cluster": UPSTREAM_CLUSTER, "timeout": "60s"},
-                        }
+                        },
                     ],
                 }
             ],
@@ -285,6 +319,7 @@ def build_bootstrap(
             ],
             "clusters": [
                 _upstream_cluster(upstream),
+                _upstream_cluster(grpc_upstream or upstream, GRPC_UPSTREAM_CLUSTER),
                 *_jwks_relay_clusters(settings),
                 {
                     "name": SIDECAR_CLUSTER,

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.config import Settings
+from sidecar.identity.credentials import API_KEY
 from sidecar.identity.envoy_jwt import FAILURE_KEY, JWT_AUTHN_NAMESPACE
 from sidecar.identity.keys import HmacSecret, JwksFile, PemPublicKey, VerificationKey, is_jwks_url
 from sidecar.identity.publish import public_jwks
@@ -95,6 +96,12 @@ def jwt_authn_filter(settings: Settings, generated_jwks: Path | None = None) -> 
         "payload_in_metadata": settings.jwt_payload_key,
         "failed_status_in_metadata": FAILURE_KEY,
         "clock_skew_seconds": int(settings.jwt_leeway_seconds),
+        # Where clients put it: Envoy reads headers with a prefix, so the pymilvus
+        # form (the token in base64) needs identity jwt (docs/identity.md).
+        "from_headers": [
+            {"name": "authorization", "value_prefix": "Bearer "},
+            *([{"name": "api-key"}] if API_KEY in settings.jwt_credentials else []),
+        ],
         **_jwks_source(settings, generated_jwks),
     }
     verify_or_record = {

@@ -26,6 +26,7 @@ async def run_proxy(
     *,
     listen: tuple[str, int],
     upstream: Upstream,
+    grpc_upstream: Upstream | None = None,
     envoy_concurrency: int = 1,
     private_socket: bool = True,
     stop: asyncio.Event | None = None,
@@ -33,6 +34,7 @@ async def run_proxy(
 ) -> int:
     """Run until ``stop`` is set, SIGINT/SIGTERM arrives, or Envoy exits.
 
+    gRPC calls go to ``grpc_upstream``, by default ``upstream``'s port too.
     ``ready`` is set once Envoy reports LIVE and the sidecar is serving.
     With ``private_socket`` Envoy reaches the sidecar over a unix socket in a
     private temporary directory instead of ``settings.grpc_listen``. Returns 0
@@ -64,7 +66,11 @@ async def run_proxy(
                 raise
             envoy = EnvoyProcess(
                 build_bootstrap(
-                    settings, listen=listen, upstream=upstream, generated_jwks=generated_jwks
+                    settings,
+                    listen=listen,
+                    upstream=upstream,
+                    grpc_upstream=grpc_upstream,
+                    generated_jwks=generated_jwks,
                 ),
                 workdir,
                 concurrency=envoy_concurrency,
