@@ -194,14 +194,21 @@ def front_bootstrap(
     plain: int,
     upstream: int,
     processing_mode: Mapping[str, str] | None = None,
+    grpc_upstream: int | None = None,
 ) -> dict[str, Any]:
     """The gate's own bootstrap for ``config``, plus a listener without the gate's filters.
 
     ``processing_mode`` overrides fields of the ext_proc filter's processing mode
-    (floor variants only; the gate always runs with its own)."""
+    (floor variants only; the gate always runs with its own). gRPC calls go to
+    ``grpc_upstream``, by default ``upstream``."""
     settings = load_settings(None, dict(config))
     bootstrap: dict[str, Any] = build_bootstrap(
-        settings, listen=("127.0.0.1", gated), upstream=Upstream("127.0.0.1", upstream, False)
+        settings,
+        listen=("127.0.0.1", gated),
+        upstream=Upstream("127.0.0.1", upstream, False),
+        grpc_upstream=None
+        if grpc_upstream is None
+        else Upstream("127.0.0.1", grpc_upstream, False),
     )
     listeners = bootstrap["static_resources"]["listeners"]
     if processing_mode:
@@ -298,9 +305,12 @@ def start_gate(
     *,
     probe_path: str,
     envoy_concurrency: int = 1,
+    grpc_upstream_port: int | None = None,
 ) -> GateStack:
     """Start `retrieval-gate serve --config <name>.toml` and its front Envoy; return once a
-    search through the gate answers 200 (however many processes the sidecar runs)."""
+    search through the gate answers 200 (however many processes the sidecar runs).
+
+    gRPC calls go to ``grpc_upstream_port``, by default ``upstream_port``."""
     workdir = processes.workdir
     metrics_port = free_port()
     config = {
@@ -314,7 +324,9 @@ def start_gate(
     toml.write_text(_toml(config))
     sidecar = processes.spawn(f"{name}-sidecar", [*CLI, "serve", "--config", str(toml)])
     gated, plain = free_port(), free_port()
-    bootstrap = front_bootstrap(config, gated, plain, upstream_port)
+    bootstrap = front_bootstrap(
+        config, gated, plain, upstream_port, grpc_upstream=grpc_upstream_port
+    )
     envoy = start_envoy(processes, f"{name}-envoy", bootstrap, envoy_concurrency)
     stack = GateStack(
         name,
