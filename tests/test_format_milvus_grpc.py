@@ -25,7 +25,9 @@ from sidecar.core.hits import Replacement, Route, RouteKind
 from sidecar.core.integrity import canonical_fields
 from sidecar.formats import grpc_frames, grpc_messages
 from sidecar.formats.base import MalformedBody
-from sidecar.formats.milvus_grpc import ERROR_MESSAGE, KINDS, MilvusGrpcFormat
+from sidecar.formats.milvus import ERROR_MESSAGE
+from sidecar.formats.milvus_grpc import MilvusGrpcFormat
+from sidecar.formats.milvus_grpc_methods import KINDS
 from tests.fixtures import milvus_grpc_bodies as mb
 from tests.fixtures.milvus_grpc_bodies import DT, Reply, column
 from tests.format_strategies import PROPERTIES, SLOW_PROPERTIES
@@ -157,7 +159,6 @@ def test_an_unknown_method_may_return_content() -> None:
 )
 def test_paths_outside_the_service_are_not_its(bad: Route) -> None:
     assert FMT.route_kind(bad) is None
-    assert FMT.route_collections(bad) is None
 
 
 def test_name_and_collections() -> None:

@@ -218,7 +218,6 @@ def test_name_and_collections() -> None:
     fmt = PineconeGrpcFormat()
     assert fmt.name == "pinecone_grpc"
     assert fmt.route_collections(QUERY) == []
-    assert fmt.route_collections(Route("POST", "/collections/x/points/search")) is None
 
 
 @pytest.mark.parametrize(

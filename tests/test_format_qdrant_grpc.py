@@ -25,7 +25,7 @@ from sidecar.core.hits import Replacement, Route, RouteKind
 from sidecar.formats import grpc_messages
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody
 from sidecar.formats.grpc_frames import frame
-from sidecar.formats.qdrant import QdrantFormat, _next_offset
+from sidecar.formats.qdrant import QdrantFormat, next_offset_after
 from sidecar.formats.qdrant_grpc import QdrantGrpcFormat, fill_value, point_id, python_value
 from tests.fixtures.qdrant_grpc_upstream import (
     framed,
@@ -624,7 +624,7 @@ def test_property_released_points_are_exactly_the_kept_ones(
         if not expected[0] or not reply.HasField("next_page_offset"):
             assert cursor is None
         else:
-            following = _next_offset({"id": point_id(expected[0][-1])})
+            following = next_offset_after({"id": point_id(expected[0][-1])})
             if cursor is None:
                 assert following is None
             else:

@@ -34,7 +34,8 @@ from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.core.integrity import canonical_fields
 from sidecar.formats import grpc_frames, grpc_messages
 from sidecar.formats.base import MalformedBody, Unreleasable
-from sidecar.formats.weaviate_grpc import WITHHELD_GROUP_NAME, WeaviateGrpcFormat
+from sidecar.formats.weaviate_grpc import WeaviateGrpcFormat
+from sidecar.formats.weaviate_grpc_reply import WITHHELD_GROUP_NAME
 from tests.format_strategies import PROPERTIES
 
 SEARCH = Route("POST", "/weaviate.v1.Weaviate/Search")

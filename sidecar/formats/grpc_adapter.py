@@ -1,21 +1,23 @@
-"""What the gRPC adapters share: method routes and unary reply framing.
+"""What the gRPC adapters share: method routes, unary framing and reply release.
 
 A gRPC call is ``POST /{package}.{Service}/{Method}`` with a body of
 length-prefixed messages; the adapters are ordinary ``ResponseFormat``s whose
-routes are method paths and whose bodies are frames.
+routes are method paths and whose bodies are frames. ``GrpcAdapter`` is what
+an adapter of one unary service repeats otherwise: methods classified by
+name, filtered replies decoded by the method's reply message.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import Message
 
-from sidecar.core.hits import Route
+from sidecar.core.hits import Route, RouteKind
 from sidecar.formats import grpc_frames, grpc_messages
-from sidecar.formats.base import MalformedBody
+from sidecar.formats.base import MalformedBody, MalformedRequest, ResponseAdapter
 from sidecar.formats.body import HitBody, Selection
 
 
@@ -40,6 +42,18 @@ def decode_unary(body: bytes, full_name: str) -> Any:
     if len(found) != 1:
         raise MalformedBody(f"a unary gRPC body holds one message, not {len(found)}")
     return grpc_messages.decode(full_name, found[0])
+
+
+def decode_request(body: bytes, full_name: str) -> Any:
+    """The request message of a unary call's body, as ``decode_unary`` reads it;
+    MalformedRequest where that raises MalformedBody."""
+    try:
+        return decode_unary(body, full_name)
+    except MalformedBody as exc:
+        # The frame's or message's problem, which names no value of the request.
+        problem = str(exc)
+    # Raised outside the handler: nothing of the body is chained.
+    raise MalformedRequest(problem)
 
 
 def encode_unary(message: Message) -> bytes:
@@ -89,3 +103,42 @@ class RebuiltReply(GrpcReply):
 
     def _rebuild(self, selection: Selection) -> Any:
         return self.rebuild(selection)
+
+
+class GrpcAdapter(ResponseAdapter[str]):
+    """A ``ResponseAdapter`` for the unary methods of one gRPC ``service``.
+
+    Routes are the service's methods: ``kinds`` says what each one does, and
+    ``replies`` names the reply message of each method whose replies are
+    filtered. A shape is the method's name; the document ``_read`` gets is
+    ``(body, reply)``: the body goes along, so that a reply with nothing
+    removed is sent as it came (``released_body``).
+    """
+
+    service: str  # the service's full name: "qdrant.Points", "VectorService"
+    kinds: Mapping[str, RouteKind]  # what each method of the service does
+    replies: Mapping[str, str]  # the reply message's full name, per filtered method
+    # What a method of the service that ``kinds`` does not list does. CONTENT
+    # unless the adapter says otherwise: a newer server's method may return
+    # stored data.
+    unknown_method: RouteKind | None = RouteKind.CONTENT
+
+    def route_kind(self, route: Route) -> RouteKind | None:
+        """What the method ``route`` calls does (``kinds``, or ``unknown_method``);
+        None for paths outside the service."""
+        called = grpc_method(route, self.service)
+        if called is None:
+            return None
+        return self.kinds.get(called, self.unknown_method)
+
+    def route_collections(self, route: Route) -> list[str]:
+        """[]: a gRPC path names no collection (``base.NamesCollections``); the request
+        message does (``RequestRewrite.collections``)."""
+        return []
+
+    def _shape(self, route: Route) -> str | None:
+        called = grpc_method(route, self.service)
+        return called if called in self.replies else None
+
+    def _load(self, body: bytes, shape: str) -> tuple[bytes, Any]:
+        return body, decode_unary(body, self.replies[shape])

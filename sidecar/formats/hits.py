@@ -210,7 +210,7 @@ class HitLayout:
             out = {key: value for key, value in hit.items() if key in self.hit_keys}
             # A path into one of the hit's own keys (Weaviate's _additional.id) is
             # already there whole.
-            out.update(_project(hit, self._paths_beside_hit_keys))
+            out.update(project_fields(hit, self._paths_beside_hit_keys))
             return out
         holder = hit.get(within)
         if hit.keys() <= self.hit_keys and (
@@ -219,7 +219,7 @@ class HitLayout:
             return hit
         out = {key: value for key, value in hit.items() if key in self.hit_keys}
         if isinstance(holder, dict):
-            out[within] = _project(holder, self._object_paths)
+            out[within] = project_fields(holder, self._object_paths)
         return out
 
     def released_object(self, holder: Any) -> Any:
@@ -228,7 +228,7 @@ class HitLayout:
             return holder
         if self._flat and holder.keys() <= self._object_keys:
             return holder
-        return _project(holder, self._object_paths)
+        return project_fields(holder, self._object_paths)
 
     def _without_fields(self, hit: Any) -> Any:
         """``hit`` without its declared fields: they describe the document a
@@ -238,10 +238,10 @@ class HitLayout:
             return hit
         within = self.text.within
         if within is None:
-            return _without_declared(hit, paths)
+            return without_declared(hit, paths)
         if not isinstance(hit.get(within), dict):
             return hit
-        return {**hit, within: _without_declared(hit[within], paths)}
+        return {**hit, within: without_declared(hit[within], paths)}
 
     @property
     def _paths_beside_hit_keys(self) -> tuple[FieldPath, ...]:
@@ -276,7 +276,7 @@ class HitLayout:
         return _placed(out, self.chunk_id.steps, self.id_value(old_id, replacement.chunk_id))
 
 
-def _without_declared(holder: Any, paths: Iterable[FieldPath]) -> Any:
+def without_declared(holder: Any, paths: Iterable[FieldPath]) -> Any:
     """``holder`` without the values at ``paths`` (copied where one goes)."""
     if not isinstance(holder, dict):
         return holder
@@ -310,7 +310,7 @@ def _placed(value: Any, steps: Sequence[str], new: Any) -> dict[str, Any]:
 _ABSENT = object()
 
 
-def _project(holder: dict[str, Any], paths: Iterable[FieldPath]) -> dict[str, Any]:
+def project_fields(holder: dict[str, Any], paths: Iterable[FieldPath]) -> dict[str, Any]:
     """The values of ``holder`` at ``paths`` (where present), nested as they were."""
     out: dict[str, Any] = {}
     for path in paths:

@@ -62,8 +62,6 @@ from typing import Any, Final
 from sidecar.core.hits import Route
 from sidecar.formats import grpc_adapter, grpc_messages
 from sidecar.formats.base import (
-    MalformedBody,
-    MalformedRequest,
     RequestRewrite,
     UnfilterableRequest,
 )
@@ -147,11 +145,6 @@ def qualified(database: str, collection: str) -> list[str]:
 class MilvusGrpcRequests:
     """Rewrites the ``Search``, ``HybridSearch`` and ``Query`` requests of ``MilvusService``."""
 
-    def route_collections(self, route: Route) -> list[str] | None:
-        """A gRPC path names no collection (``base.NamesCollections``): [] for the
-        service's methods, None for other paths."""
-        return [] if method(route) is not None else None
-
     def rewrites_request(self, route: Route) -> bool:
         """True for the methods that carry a filter expression."""
         return method(route) in METHODS
@@ -181,7 +174,7 @@ class MilvusGrpcRequests:
             raise ValueError("overfetch_factor is not a finite number")
         if tenant_key is not None:
             tenant_field(tenant_key)
-        request = _decoded(body, spec.message)
+        request = grpc_adapter.decode_request(body, spec.message)
         collections = tuple(dict.fromkeys(_collections(request, called)))
         unknown = grpc_messages.has_unknown_fields(request)
         if tenant_key is not None:
@@ -208,13 +201,6 @@ class MilvusGrpcRequests:
             overfetched=asked is not None,
             collections=collections,
         )
-
-
-def _decoded(body: bytes, name: str) -> Any:
-    try:
-        return grpc_adapter.decode_unary(body, name)
-    except MalformedBody as exc:
-        raise MalformedRequest(str(exc)) from None
 
 
 def _collections(request: Any, called: str | None) -> Iterator[str]:

@@ -215,6 +215,11 @@ class PineconeFormat(ResponseAdapter[Endpoint], PineconeRequests):
         fields = ReleasedFields.from_options(hashed_fields, releasable_fields)
         self._layouts = {shape: self._layout(shape, fields) for shape in (_QUERY, _SEARCH)}
 
+    @property
+    def query_layout(self) -> HitLayout:
+        """How a ``/query`` match is read and released; gRPC matches are read so too."""
+        return self._layouts[_QUERY]
+
     def _layout(self, shape: _Shape, fields: ReleasedFields) -> HitLayout:
         key = shape.fields_key
         text = Field((self.text_field,), f"{key} field {self.text_field!r}", key)

@@ -49,16 +49,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from sidecar.core.hits import Route, RouteKind
+from sidecar.core.hits import RouteKind
 from sidecar.formats import grpc_adapter, grpc_messages
-from sidecar.formats.base import ResponseAdapter, id_field_option, text_field_option
 from sidecar.formats.body import Selection
-from sidecar.formats.hits import Field, HitLayout, Hits, ReleasedFields
+from sidecar.formats.hits import Hits
+from sidecar.formats.pinecone import PineconeFormat
 from sidecar.formats.pinecone_grpc_request import (
     FETCH,
     QUERY,
+    SERVICE,
     PineconeGrpcRequests,
-    method,
     python_struct,
 )
 
@@ -111,11 +111,14 @@ def _message(name: str) -> Any:
     return grpc_messages.message_class(name)
 
 
-class PineconeGrpcFormat(ResponseAdapter[str], PineconeGrpcRequests):
+class PineconeGrpcFormat(grpc_adapter.GrpcAdapter, PineconeGrpcRequests):
     """Adapter for the gRPC data plane of a Pinecone index host (``VectorService``):
     filters ``Query`` and ``Fetch`` replies, rewrites ``Query`` requests."""
 
     name = "pinecone_grpc"
+    service = SERVICE
+    kinds = _KINDS
+    replies = _REPLIES
 
     def __init__(
         self,
@@ -125,41 +128,20 @@ class PineconeGrpcFormat(ResponseAdapter[str], PineconeGrpcRequests):
         hashed_fields: list[str] | None = None,
         releasable_fields: list[str] | None = None,
     ) -> None:
-        """The options of the REST adapter ``pinecone``: ``hashed_fields`` and
-        ``releasable_fields`` name the metadata paths that go out beside the text
+        """The options of the REST adapter ``pinecone``, read by it: ``hashed_fields``
+        and ``releasable_fields`` name the metadata paths that go out beside the text
         and id (checked against the chunk record's ``payload_sha256``, or
         unverified). Everything else in the metadata is dropped."""
-        self.text_field = text_field_option(text_field)
-        self.id_field = id_field_option(id_field, self.text_field)
-        text = Field((self.text_field,), f"metadata field {self.text_field!r}", "metadata")
-        if self.id_field is None:
-            chunk_id = Field(("id",), "hit id")
-        else:
-            chunk_id = Field((self.id_field,), f"metadata field {self.id_field!r}", "metadata")
-        self._layout = HitLayout(
-            "hit",
-            chunk_id,
-            text,
-            ("metadata",),
-            hit_keys=frozenset({"id"}),
-            fields=ReleasedFields.from_options(hashed_fields, releasable_fields),
+        rest = PineconeFormat(
+            text_field=text_field,
+            id_field=id_field,
+            hashed_fields=hashed_fields,
+            releasable_fields=releasable_fields,
         )
-
-    def route_kind(self, route: Route) -> RouteKind | None:
-        """What a ``VectorService`` method does (see the module docstring); None for
-        paths outside the service."""
-        called = method(route)
-        if called is None:
-            return None
-        return _KINDS.get(called, RouteKind.CONTENT)
-
-    def _shape(self, route: Route) -> str | None:
-        called = method(route)
-        return called if called in _REPLIES else None
-
-    def _load(self, body: bytes, shape: str) -> tuple[bytes, Any]:
-        # The body goes along: a reply with nothing removed is sent as it came.
-        return body, grpc_adapter.decode_unary(body, _REPLIES[shape])
+        self.text_field, self.id_field = rest.text_field, rest.id_field
+        # The REST layout of a query match (a ScoredVector): a hit is read as the
+        # JSON match {"id", "metadata"} it stands for, so it is released alike.
+        self._layout = rest.query_layout
 
     def _read(self, document: tuple[bytes, Any], shape: str) -> grpc_adapter.RebuiltReply:
         body, reply = document

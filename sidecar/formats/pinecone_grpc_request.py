@@ -34,7 +34,6 @@ import orjson
 from sidecar.core.hits import Route
 from sidecar.formats import grpc_adapter, grpc_messages
 from sidecar.formats.base import (
-    MalformedBody,
     MalformedRequest,
     RequestRewrite,
     UnfilterableRequest,
@@ -91,11 +90,6 @@ def python_struct(struct: Any, *, finite: bool = False) -> dict[str, Any]:
 class PineconeGrpcRequests:
     """Rewrites ``Query`` requests and reads ``Fetch`` requests of ``VectorService``."""
 
-    def route_collections(self, route: Route) -> list[str] | None:
-        """A gRPC path names no namespace (``base.NamesCollections``): [] for the
-        service's methods, None for other paths."""
-        return [] if method(route) is not None else None
-
     def rewrites_request(self, route: Route) -> bool:
         """True for ``Query`` (push-down, over-fetch) and ``Fetch`` (its namespace)."""
         return method(route) in (QUERY, FETCH)
@@ -114,11 +108,11 @@ class PineconeGrpcRequests:
         docstring. Other methods' bodies come back unchanged."""
         called = method(route)
         if called == FETCH:
-            fetch = _decoded(body, "FetchRequest")
+            fetch = grpc_adapter.decode_request(body, "FetchRequest")
             return RequestRewrite(body, (), False, False, (fetch.namespace or DEFAULT_NAMESPACE,))
         if called != QUERY:
             return RequestRewrite(body, (), tenant_filter=False, overfetched=False)
-        request = _decoded(body, "QueryRequest")
+        request = grpc_adapter.decode_request(body, "QueryRequest")
         if tenant_key is not None and grpc_messages.has_unknown_fields(request):
             raise UnfilterableRequest(
                 "the query has fields the gate does not know; it cannot be confined to the tenant"
@@ -141,13 +135,6 @@ class PineconeGrpcRequests:
             overfetched=rest.overfetched,
             collections=rest.collections,
         )
-
-
-def _decoded(body: bytes, name: str) -> Any:
-    try:
-        return grpc_adapter.decode_unary(body, name)
-    except MalformedBody as exc:
-        raise MalformedRequest(str(exc)) from None
 
 
 def _filter(message: Any, where: str) -> dict[str, Any]:

@@ -103,7 +103,7 @@ def _scroll_points(value: Any, hits: Hits) -> _Renderer:
 
     def render(selection: Selection, limit: int | None) -> dict[str, Any]:
         kept = selection.kept(range(start, start + len(points)))[:limit]
-        next_offset = _next_offset(points[kept[-1] - start]) if kept and more else None
+        next_offset = next_offset_after(points[kept[-1] - start]) if kept and more else None
         return {
             "points": [selection.send(position, points[position - start]) for position in kept],
             "next_page_offset": next_offset,
@@ -112,7 +112,7 @@ def _scroll_points(value: Any, hits: Hits) -> _Renderer:
     return render
 
 
-def _next_offset(point: Any) -> int | str | None:
+def next_offset_after(point: Any) -> int | str | None:
     """The smallest point id after ``point``'s in Qdrant's order; None past the last one.
 
     Integer ids come first (unsigned 64-bit), then UUIDs ordered as 128-bit
@@ -338,6 +338,11 @@ class QdrantFormat(ResponseAdapter[_Shape], QdrantRequests):
             _POINT_KEYS,
             ReleasedFields.from_options(hashed_fields, releasable_fields),
         )
+
+    @property
+    def hit_layout(self) -> HitLayout:
+        """How a point is read and released; the gRPC adapter reads its points so too."""
+        return self._layout
 
     def route_kind(self, route: Route) -> RouteKind | None:
         """FILTERED for the point-reading endpoints of ``/collections/{c}/points``

@@ -42,45 +42,40 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from sidecar.core.hits import Route, RouteKind
+from sidecar.core.hits import RouteKind
 from sidecar.formats import grpc_messages
-from sidecar.formats.base import (
-    MalformedBody,
-    ResponseAdapter,
-    id_field_option,
-    text_field_option,
-)
+from sidecar.formats.base import MalformedBody
 from sidecar.formats.body import Selection
-from sidecar.formats.grpc_adapter import GrpcReply, decode_unary, grpc_method
-from sidecar.formats.hits import Field, HitLayout, Hits, ReleasedFields, as_given
-from sidecar.formats.qdrant import _next_offset, _point_id
+from sidecar.formats.grpc_adapter import GrpcAdapter, GrpcReply
+from sidecar.formats.hits import HitLayout, Hits
+from sidecar.formats.qdrant import QdrantFormat, next_offset_after
 from sidecar.formats.qdrant_grpc_request import SERVICE, QdrantGrpcRequests
 
 Message = Any  # a message class built at run time from the gate's descriptors
 
 
 @dataclass(frozen=True, slots=True)
-class _Shape:
-    """Where the hits of one method's reply sit."""
+class _Reply:
+    """The reply of one filtered method, and where its hits sit."""
 
-    reply: str  # the reply's full message name
+    message: str  # the reply's full message name
     layout: str  # "points", "batch", "groups" or "scroll"
 
 
-_METHODS: Final[Mapping[str, _Shape]] = {
-    "Get": _Shape("qdrant.GetResponse", "points"),
-    "Scroll": _Shape("qdrant.ScrollResponse", "scroll"),
-    "Search": _Shape("qdrant.SearchResponse", "points"),
-    "SearchBatch": _Shape("qdrant.SearchBatchResponse", "batch"),
-    "SearchGroups": _Shape("qdrant.SearchGroupsResponse", "groups"),
-    "Recommend": _Shape("qdrant.RecommendResponse", "points"),
-    "RecommendBatch": _Shape("qdrant.RecommendBatchResponse", "batch"),
-    "RecommendGroups": _Shape("qdrant.RecommendGroupsResponse", "groups"),
-    "Discover": _Shape("qdrant.DiscoverResponse", "points"),
-    "DiscoverBatch": _Shape("qdrant.DiscoverBatchResponse", "batch"),
-    "Query": _Shape("qdrant.QueryResponse", "points"),
-    "QueryBatch": _Shape("qdrant.QueryBatchResponse", "batch"),
-    "QueryGroups": _Shape("qdrant.QueryGroupsResponse", "groups"),
+_METHODS: Final[Mapping[str, _Reply]] = {
+    "Get": _Reply("qdrant.GetResponse", "points"),
+    "Scroll": _Reply("qdrant.ScrollResponse", "scroll"),
+    "Search": _Reply("qdrant.SearchResponse", "points"),
+    "SearchBatch": _Reply("qdrant.SearchBatchResponse", "batch"),
+    "SearchGroups": _Reply("qdrant.SearchGroupsResponse", "groups"),
+    "Recommend": _Reply("qdrant.RecommendResponse", "points"),
+    "RecommendBatch": _Reply("qdrant.RecommendBatchResponse", "batch"),
+    "RecommendGroups": _Reply("qdrant.RecommendGroupsResponse", "groups"),
+    "Discover": _Reply("qdrant.DiscoverResponse", "points"),
+    "DiscoverBatch": _Reply("qdrant.DiscoverBatchResponse", "batch"),
+    "Query": _Reply("qdrant.QueryResponse", "points"),
+    "QueryBatch": _Reply("qdrant.QueryBatchResponse", "batch"),
+    "QueryGroups": _Reply("qdrant.QueryGroupsResponse", "groups"),
 }
 # Reads the gate cannot filter: counts that answer "how many points match"
 # (any filter, any tenant), payload values with their counts, and ids with
@@ -103,6 +98,12 @@ _WRITES: Final = frozenset(
         "UpdateBatch",
     }
 )
+_REPLIES: Final = {method: reply.message for method, reply in _METHODS.items()}
+_KINDS: Final[Mapping[str, RouteKind]] = {
+    **dict.fromkeys(_METHODS, RouteKind.FILTERED),
+    **dict.fromkeys(_CONTENT, RouteKind.CONTENT),
+    **dict.fromkeys(_WRITES, RouteKind.WRITE),
+}
 
 # The fields of a point that are Qdrant's own and go out with it (besides the
 # id and the payload, which are rebuilt): messages are copied without unknown fields.
@@ -188,7 +189,7 @@ def _set_point_id(target: Message, value: int | str) -> None:
 class _QdrantGrpcBody(GrpcReply):
     """A parsed reply: its points by position, and how it is rebuilt."""
 
-    shape: _Shape
+    layout: str  # the reply's ``_Reply.layout``
     points: list[Message]  # the point at each position, as it came
     views: list[dict[str, Any]]  # the same as {"id", "payload"}, for the layout
     id_from_point: bool  # the chunk id is the point id (no id_field)
@@ -199,7 +200,7 @@ class _QdrantGrpcBody(GrpcReply):
     def _rebuild(self, selection: Selection) -> Message:
         reply = type(self.reply)()
         reply.time = self.reply.time
-        layout = self.shape.layout
+        layout = self.layout
         if layout == "points":
             self._add_points(reply.result, self.spans[0], selection, selection.limits[0])
         elif layout == "scroll":
@@ -227,7 +228,7 @@ class _QdrantGrpcBody(GrpcReply):
             # point), or the scroll had ended: it ends here.
             return
         # The cursor of the original point, not of a substitute in its place.
-        following = _next_offset(self.views[kept[-1]])
+        following = next_offset_after(self.views[kept[-1]])
         if following is not None:
             _set_point_id(reply.next_page_offset, following)
 
@@ -272,10 +273,20 @@ class _QdrantGrpcBody(GrpcReply):
                 getattr(target, name).CopyFrom(grpc_messages.released(getattr(original, name)))
 
 
-class QdrantGrpcFormat(ResponseAdapter[_Shape], QdrantGrpcRequests):
-    """Adapter for Qdrant's gRPC API: filters replies, rewrites search requests."""
+class QdrantGrpcFormat(GrpcAdapter, QdrantGrpcRequests):
+    """Adapter for Qdrant's gRPC API: filters replies, rewrites search requests.
+
+    FILTERED are the methods that return points, CONTENT counts, facets and
+    distance matrices, WRITE the rest of the Points service. A method of the
+    service the gate does not know (a newer Qdrant's) is no route of this
+    format: the request policy treats it as unknown.
+    """
 
     name = "qdrant_grpc"
+    service = SERVICE
+    kinds = _KINDS
+    replies = _REPLIES
+    unknown_method = None
 
     def __init__(
         self,
@@ -284,67 +295,27 @@ class QdrantGrpcFormat(ResponseAdapter[_Shape], QdrantGrpcRequests):
         hashed_fields: list[str] | None = None,
         releasable_fields: list[str] | None = None,
     ) -> None:
-        """The options of the REST ``QdrantFormat``, with the same meaning.
+        """The options of the REST ``QdrantFormat``, with the same meaning, read by it.
 
         ``hashed_fields`` and ``releasable_fields`` name the payload fields
         (dotted paths) that go out beside the text and id: checked against the
         chunk record's ``payload_sha256``, or unverified. Every other payload
         field is dropped.
         """
-        self.text_field = text_field_option(text_field)
-        self.id_field = id_field_option(id_field)
-        text = Field((self.text_field,), f"payload field {self.text_field!r}", within="payload")
-        if self.id_field is None:
-            chunk_id = Field(("id",), "point id")
-        else:
-            chunk_id = Field((self.id_field,), f"payload field {self.id_field!r}", "payload")
-        self._layout = HitLayout(
-            "point",
-            chunk_id,
-            text,
-            ("payload",),
-            as_given if self.id_field else _point_id,
-            frozenset({"id"}),
-            ReleasedFields.from_options(hashed_fields, releasable_fields),
-        )
+        rest = QdrantFormat(text_field, id_field, hashed_fields, releasable_fields)
+        self.text_field, self.id_field = rest.text_field, rest.id_field
+        # The REST point layout: a point is read as the JSON point {"id", "payload"}
+        # it stands for, so it is released and substituted alike.
+        self._layout = rest.hit_layout
 
-    def route_kind(self, route: Route) -> RouteKind | None:
-        """FILTERED for the methods that return points, CONTENT for counts, facets
-        and distance matrices, WRITE for the rest of the Points service.
-
-        None for other paths, and for a method of the service the gate does
-        not know (a newer Qdrant's): the request policy treats it as unknown.
-        """
-        method = grpc_method(route, SERVICE)
-        if method is None:
-            return None
-        if method in _METHODS:
-            return RouteKind.FILTERED
-        if method in _CONTENT:
-            return RouteKind.CONTENT
-        if method in _WRITES:
-            return RouteKind.WRITE
-        return None
-
-    def route_collections(self, route: Route) -> list[str]:
-        """A gRPC path names no collection: the request message does
-        (``RequestRewrite.collections``)."""
-        return []
-
-    def _shape(self, route: Route) -> _Shape | None:
-        method = grpc_method(route, SERVICE)
-        return None if method is None else _METHODS.get(method)
-
-    def _load(self, body: bytes, shape: _Shape) -> Any:
-        return body, decode_unary(body, shape.reply)
-
-    def _read(self, document: tuple[bytes, Message], shape: _Shape) -> _QdrantGrpcBody:
+    def _read(self, document: tuple[bytes, Message], shape: str) -> _QdrantGrpcBody:
         body, reply = document
         reader = _Reader(self._layout, self.id_field is None)
-        if shape.layout in ("points", "scroll"):
+        layout = _METHODS[shape].layout
+        if layout in ("points", "scroll"):
             spans: list[Any] = [reader.points(reply.result)]
             sub_results = 1
-        elif shape.layout == "batch":
+        elif layout == "batch":
             spans = [reader.points(batch.result) for batch in reply.result]
             sub_results = len(spans)
         else:
@@ -362,7 +333,7 @@ class QdrantGrpcFormat(ResponseAdapter[_Shape], QdrantGrpcRequests):
             body,
             reply,
             grpc_messages.has_unknown_fields(reply),
-            shape,
+            layout,
             reader.messages,
             reader.views,
             self.id_field is None,

@@ -43,12 +43,11 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from sidecar.core.hits import Route
 from sidecar.formats import grpc_messages
 from sidecar.formats.base import (
-    MalformedBody,
     MalformedRequest,
     RequestRewrite,
     UnfilterableRequest,
 )
-from sidecar.formats.grpc_adapter import decode_unary, encode_unary, grpc_method
+from sidecar.formats.grpc_adapter import decode_request, encode_unary, grpc_method
 
 SERVICE: Final = "qdrant.Points"
 
@@ -187,7 +186,7 @@ class QdrantGrpcRequests:
             return RequestRewrite(body, (), tenant_filter=False, overfetched=False)
         if not math.isfinite(overfetch_factor):
             raise ValueError("overfetch_factor is not a finite number")
-        request = _decode(body, method.request)
+        request = decode_request(body, method.request)
         requests = _sub_requests(request, method)
         collections = _collections(request, requests)
         # Only searches have a filter; the other methods are read for their collections.
@@ -221,15 +220,6 @@ class QdrantGrpcRequests:
 def _method(route: Route) -> _Method | None:
     name = grpc_method(route, SERVICE)
     return None if name is None else _METHODS.get(name)
-
-
-def _decode(body: bytes, full_name: str) -> Message:
-    try:
-        return decode_unary(body, full_name)
-    except MalformedBody as exc:
-        # The frame's or message's problem, which names no value of the request.
-        problem = str(exc)
-    raise MalformedRequest(problem)
 
 
 def _sub_requests(request: Message, method: _Method) -> list[Message]:

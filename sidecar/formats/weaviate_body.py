@@ -400,7 +400,7 @@ class _Renderer:
         if not removed:
             return
         if first["groupedResult"] is not None:
-            _refuse_generated(self._release.block_generated)
+            refuse_generated(self._release.block_generated)
         carrier = next((i for i, value in enumerate(rendered) if value is not None), None)
         if carrier is None:
             return
@@ -419,7 +419,7 @@ class _Renderer:
         rendered[carrier] = {**value, "_additional": {**additional, "generate": generate}}
 
 
-def _refuse_generated(block: bool) -> None:
+def refuse_generated(block: bool) -> None:
     """Raise Unreleasable when generated text must block the response."""
     if block:
         raise Unreleasable(
@@ -483,7 +483,7 @@ class WeaviateBody(HitBody):
         generate = _generate_of(out)
         if generate is not None and _generated_single(generate):
             # Generated from the text that was just replaced.
-            _refuse_generated(self.release.block_generated)
+            refuse_generated(self.release.block_generated)
             withheld = dict(generate)
             for key in ("singleResult", "debug"):
                 if key in withheld:

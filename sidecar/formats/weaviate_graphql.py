@@ -50,7 +50,6 @@ from graphql.language import ast
 
 from sidecar.formats.base import MalformedRequest, UnfilterableRequest
 
-_REFUSED: Final = "request_not_filterable"
 # Root fields that carry no objects: the schema and the type names.
 _INTROSPECTION: Final = frozenset({"__typename", "__schema", "__type"})
 # Arguments after which a longer result list is not the same list extended.
@@ -63,7 +62,7 @@ _MAX_TOKENS: Final = 100_000
 
 def refused(what: str) -> UnfilterableRequest:
     """The refusal of a request whose query the tenant condition cannot reach."""
-    return UnfilterableRequest(_REFUSED, f"{what} cannot be restricted to the caller's tenant")
+    return UnfilterableRequest(f"{what} cannot be restricted to the caller's tenant")
 
 
 @dataclass(frozen=True, slots=True)

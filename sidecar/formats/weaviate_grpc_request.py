@@ -54,12 +54,11 @@ from typing import Any, Final
 from sidecar.core.hits import Route
 from sidecar.formats import grpc_messages
 from sidecar.formats.base import (
-    MalformedBody,
     MalformedRequest,
     RequestRewrite,
     UnfilterableRequest,
 )
-from sidecar.formats.grpc_adapter import decode_unary, encode_unary, grpc_method
+from sidecar.formats.grpc_adapter import decode_request, encode_unary, grpc_method
 
 SERVICE: Final = "weaviate.v1.Weaviate"
 SEARCH_REQUEST: Final = "weaviate.v1.SearchRequest"
@@ -113,7 +112,7 @@ class WeaviateGrpcRequests:
             raise ValueError("overfetch_factor is not a finite number")
         if tenant_key is not None and not _PROPERTY_NAME.fullmatch(tenant_key):
             raise ValueError("tenant_key is not a Weaviate property name")
-        request = _decode(body)
+        request = decode_request(body, SEARCH_REQUEST)
         collections = tuple(dict.fromkeys(collections_named(request)))
         if tenant_key is not None:
             check_confinable(request, tenant)
@@ -130,15 +129,6 @@ class WeaviateGrpcRequests:
             overfetched=asked is not None,
             collections=collections,
         )
-
-
-def _decode(body: bytes) -> Any:
-    try:
-        return decode_unary(body, SEARCH_REQUEST)
-    except MalformedBody:
-        pass
-    # Raised outside the handler: nothing of the body is chained.
-    raise MalformedRequest("request body is not one weaviate.v1.SearchRequest")
 
 
 def collections_named(request: Any) -> Iterator[str]:
