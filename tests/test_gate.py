@@ -144,6 +144,23 @@ def test_now_equal_to_effective_at_is_admitted(gate: Gate) -> None:
     )
 
 
+def test_validity_boundaries_beyond_the_64_bit_range_keep_their_order(gate: Gate) -> None:
+    # Nanoseconds past 2262 do not fit Rego's integers; one such record must not
+    # fail the whole batch (POLICY_ERROR for every chunk), nor be misread.
+    late = record("c1", expires_at="2999-01-01T00:00:00Z")
+    early = record("c2", effective_at="1500-01-01T00:00:00Z")
+    future = record("c3", effective_at="2999-01-01T00:00:00Z")
+    verdict = gate.decide(
+        ALICE,
+        [candidate("c1"), candidate("c2", 1), candidate("c3", 2)],
+        {r.chunk_id: r for r in (late, early, future)},
+        frozenset(),
+        NOW,
+    )
+    assert [d.reasons for d in verdict.decisions] == [(), (), (Reason.NOT_YET_EFFECTIVE,)]
+    assert to_epoch_ns(datetime(2999, 1, 1, tzinfo=UTC)) == 2**63 - 1
+
+
 def test_now_equal_to_expires_at_is_expired(gate: Gate) -> None:
     rec = record("c1", expires_at="2026-06-01T12:00:00Z")
     assert decide_one(gate, rec, now=NOW) == (Reason.EXPIRED,)

@@ -25,7 +25,9 @@ class PolicyEngine(Protocol):
     policy declares that its verdicts may be cached per (caller, record) until
     the record's next validity boundary (policies/README.md, "Verdict cache").
     The gate reads it with a default of ``False``, so engines without it are
-    evaluated for every chunk of every response.
+    evaluated for every chunk of every response. Likewise ``remote``: ``True``
+    when ``evaluate`` waits on the network (an OPA server), so that callers run
+    it off their event loop.
     """
 
     @property
@@ -47,9 +49,16 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MICROSECOND = timedelta(microseconds=1)
 
 
+# Rego engines hold numbers as 64-bit integers: a moment outside 1677-2262 would
+# fail the whole batch's evaluation, so it is held at the nearest end, which
+# keeps its order against any "now" the gate will see.
+_NS_MIN, _NS_MAX = -(2**63), 2**63 - 1
+
+
 def to_epoch_ns(moment: datetime) -> int:
-    """Nanoseconds since the Unix epoch, exact to the microsecond (no float rounding)."""
-    return (moment - _EPOCH) // _ONE_MICROSECOND * 1000
+    """Nanoseconds since the Unix epoch, exact to the microsecond (no float rounding),
+    held within the 64-bit range (a validity boundary in 2999 stays in the future)."""
+    return min(max((moment - _EPOCH) // _ONE_MICROSECOND * 1000, _NS_MIN), _NS_MAX)
 
 
 def policy_input(caller: Caller, records: Sequence[ChunkRecord], now: datetime) -> dict[str, Any]:
