@@ -1,6 +1,6 @@
 """Prometheus instruments. Names and labels are part of the public interface.
 
-Label values come only from closed sets (decisions, reason codes, declared
+Label values come only from closed sets (decisions, reason codes, drift kinds, declared
 custom reasons, format names, outcomes, the operator's allowlist of
 collections): never chunk text, ids or callers.
 """
@@ -12,6 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from sidecar.core.drift import Drift
 from sidecar.core.reasons import Reason
 
 # Responses are usually decided in well under 10 ms; the upper buckets catch
@@ -88,6 +89,13 @@ class GateMetrics:
             "Reasons of the rejected chunks, every reason of each chunk (not only the "
             "primary one), by format and collection: drift shows whatever else is wrong.",
             ("reason", "format", "collection"),
+        )
+        self.drift = counter(
+            "retrieval_gate_drift",
+            "HASH_MISMATCH chunks whose record holds the authoritative text, by drift kind "
+            "(format_only, edit, truncation: stale re-ingestion; injection, replacement: "
+            "tampering), format and collection.",
+            ("kind", "format", "collection"),
         )
         self.pushdown_tenant_mismatches = counter(
             "retrieval_gate_pushdown_tenant_mismatches",
@@ -185,11 +193,13 @@ class GateMetrics:
         self._chunk_children: dict[tuple[str, str, str, str], Any] = {}
         self._reason_children: dict[tuple[str, str, str], Any] = {}
         self._response_children: dict[tuple[str, str, str], Any] = {}
+        self._drift_children: dict[tuple[str, str, str], Any] = {}
 
     def preset(self, format_names: Iterable[str]) -> None:
         """Create the series alerts wait for at 0, for each format and collection label.
 
-        ``PRESET_REASONS`` in ``retrieval_gate_chunk_reasons_total`` and
+        ``PRESET_REASONS`` in ``retrieval_gate_chunk_reasons_total``, every
+        drift kind in ``retrieval_gate_drift_total`` and
         ``retrieval_gate_pushdown_tenant_mismatches_total``: one tampered or
         leaked chunk must raise its alert even when it is the first ever seen.
         """
@@ -199,6 +209,7 @@ class GateMetrics:
         for format_name in format_names:
             for collection in collections:
                 self.count_reasons(format_name, collection, dict.fromkeys(PRESET_REASONS, 0))
+                self.count_drift(format_name, collection, dict.fromkeys(Drift, 0))
                 self.pushdown_tenant_mismatches.labels(format_name, collection)
 
     def count_request_refusal(self, status: int) -> None:
@@ -234,6 +245,16 @@ class GateMetrics:
             child = children.get(key)
             if child is None:
                 child = children[key] = self.chunk_reasons.labels(*key)
+            child.inc(n)
+
+    def count_drift(self, format_name: str, collection: str, counts: Mapping[str, int]) -> None:
+        """Add ``counts`` per drift kind (a ``Drift`` value) to ``retrieval_gate_drift_total``."""
+        children = self._drift_children
+        for kind, n in counts.items():
+            key = (kind, format_name, collection)
+            child = children.get(key)
+            if child is None:
+                child = children[key] = self.drift.labels(*key)
             child.inc(n)
 
     def count_response(self, outcome: str, format_name: str, collection: str) -> None:

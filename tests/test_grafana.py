@@ -142,7 +142,10 @@ def test_every_gate_metric_has_a_panel() -> None:
 PAST = "2025-06-01T00:00:00Z"
 RECORDS = [
     record_dict("ok"),
-    record_dict("tampered", sha256=canonical_sha256("the text as ingested")),
+    # Holds its text: the mismatch gets a drift class (replacement).
+    record_dict(
+        "tampered", sha256=canonical_sha256("the text as ingested"), text="the text as ingested"
+    ),
     record_dict("old", doc_id="SOP", status="superseded", superseded_by="new"),
     record_dict("new", doc_id="SOP", version="2"),
     record_dict("revoked", status="revoked"),
@@ -309,6 +312,7 @@ EXPECTED_ACTIVE: dict[tuple[str, str], tuple[str, set[str]]] = {
     ("Refusals by cause", "A"): ("outcome", {"error", "upstream_error", "blocked"}),
     ("Fail-closed errors", "C"): ("collection", {OUTAGE}),
     ("Hash mismatches", "A"): ("collection", {"docs", "strict"}),
+    ("Hash mismatches by drift class", "A"): ("kind", {"replacement"}),
     ("Missing metadata", "A"): ("collection", {"docs"}),
     ("Cross-tenant hits", "A"): ("collection", {"docs"}),
     ("Stale retrieval", "A"): ("reason", {"STATUS_SUPERSEDED", "STATUS_REVOKED", "EXPIRED"}),

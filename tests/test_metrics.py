@@ -12,6 +12,7 @@ import pytest
 from sidecar.audit.sink import NullAuditSink
 from sidecar.config import ConfigError, Settings, default_policy_dir, format_table, load_settings
 from sidecar.core.caller import Caller
+from sidecar.core.drift import Drift
 from sidecar.core.gate import Gate
 from sidecar.core.hits import Route
 from sidecar.core.outcome import Outcome
@@ -144,6 +145,8 @@ def test_preset_creates_the_alerted_series_at_zero_for_every_format_and_label() 
                     == 0
                 )
             assert sample(metrics, "retrieval_gate_pushdown_tenant_mismatches_total", **labels) == 0
+            for kind in Drift:
+                assert sample(metrics, "retrieval_gate_drift_total", kind=kind, **labels) == 0
     # Only those: a reason no alert waits for on its first occurrence has no series yet.
     labels = {"format": "qdrant", "collection": "sops", "reason": "EXPIRED"}
     assert sample(metrics, "retrieval_gate_chunk_reasons_total", **labels) is None

@@ -25,6 +25,8 @@ TESTS = sorted((RULES_DIR / "tests").glob("*_test.yaml"))
 PER_COLLECTION = frozenset(
     {
         "RetrievalGateHashMismatch",
+        "RetrievalGateIndexTampering",
+        "RetrievalGateStaleIngestion",
         "RetrievalGateMissingMetadata",
         "RetrievalGateStaleRetrieval",
         "RetrievalGateAbstentionSpike",

@@ -46,6 +46,8 @@ CHUNKS = "retrieval_gate_chunks_total"
 CHUNK_REASONS = "retrieval_gate_chunk_reasons_total"
 RESPONSES = "retrieval_gate_responses_total"
 PUSHDOWN_MISMATCHES = "retrieval_gate_pushdown_tenant_mismatches_total"
+# HASH_MISMATCH chunks by drift class (kind), for records that hold their text.
+DRIFT = "retrieval_gate_drift_total"
 
 # Reasons that mean the index has drifted from the metadata store
 # (docs/metrics-and-audit.md, "Reason codes").
@@ -55,6 +57,7 @@ STALE_REASONS = "STATUS_SUPERSEDED|STATUS_REVOKED|EXPIRED"
 PER_COLLECTION = "collection, format"
 COLLECTION_LEGEND = "{{collection}} ({{format}})"
 REASON_LEGEND = COLLECTION_LEGEND + " {{reason}}"
+DRIFT_LEGEND = COLLECTION_LEGEND + " {{kind}}"
 FAIL_CLOSED_REASONS = "POLICY_ERROR|METADATA_UNAVAILABLE"
 # Outcomes of responses the client did not get as the upstream sent them.
 REFUSAL_OUTCOMES = "error|upstream_error|blocked"
@@ -323,7 +326,15 @@ def drift() -> list[timeseries.Panel]:
             "re-ingestion. Should be zero.",
             "cps",
             [(reasons(f'reason=~"{HASH_REASONS}"'), REASON_LEGEND)],
-            width=8,
+        ),
+        graph(
+            "Hash mismatches by drift class",
+            "HASH_MISMATCH chunks whose record holds the authoritative text, by what "
+            "changed: injection and replacement point at tampering "
+            "(RetrievalGateIndexTampering); edit, format_only and truncation at stale "
+            "re-ingestion (RetrievalGateStaleIngestion). Records without text are not here.",
+            "cps",
+            [(summed(f"{PER_COLLECTION}, kind", selector(DRIFT)), DRIFT_LEGEND)],
         ),
         graph(
             "Missing metadata",
@@ -331,7 +342,6 @@ def drift() -> list[timeseries.Panel]:
             "wrote to the index only, or the store lost records.",
             "cps",
             [(reasons('reason="MISSING_METADATA"', PER_COLLECTION), COLLECTION_LEGEND)],
-            width=8,
         ),
         graph(
             "Cross-tenant hits",
@@ -350,7 +360,6 @@ def drift() -> list[timeseries.Panel]:
                     f"all tenant mismatches: {COLLECTION_LEGEND}",
                 ),
             ],
-            width=8,
         ),
         graph(
             "Stale retrieval",

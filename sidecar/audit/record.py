@@ -86,7 +86,8 @@ class AuditRecord:
     (or did not read: an upstream error); ``error`` then says why, and
     ``upstream`` holds the upstream's status and error text. The verdict's
     decisions become the record's ``candidates``, ``rejected`` (every reason,
-    and the malformed hit's detail) and ``admitted``.
+    the malformed hit's detail, and the drift class of a HASH_MISMATCH when the
+    store held the authoritative text) and ``admitted``.
     """
 
     decision_id: str
@@ -153,6 +154,8 @@ def _add_decisions(record: dict[str, object], verdict: Verdict) -> None:
             }
             if d.detail:
                 entry["detail"] = d.detail
+            if d.drift is not None:
+                entry["drift"] = d.drift  # a StrEnum: serialises as its value
             rejected.append(entry)
         else:
             admitted.append(d.chunk_id)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sidecar.core.drift import Drift
+
 
 @dataclass(frozen=True, slots=True)
 class ChunkDecision:
@@ -15,6 +17,9 @@ class ChunkDecision:
     # Why a chunk is MALFORMED_CHUNK, or that its record has no payload hash
     # (PAYLOAD_HASH_MISMATCH); never chunk text or field values.
     detail: str | None = None
+    # What kind of difference a HASH_MISMATCH is (sidecar.core.drift), when the
+    # record holds the authoritative text to compare with; else None.
+    drift: Drift | None = None
 
     @property
     def admitted(self) -> bool:

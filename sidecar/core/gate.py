@@ -4,7 +4,8 @@ Pure: no I/O, no Envoy, no HTTP. The caller of :meth:`Gate.decide` has already
 looked the candidates up in the metadata store; the gate runs the checks that
 need no policy (shape, presence, integrity of the text and of the hashed payload
 fields), evaluates the Rego policy once for the whole batch, and merges
-everything into reasons in canonical order.
+everything into reasons in canonical order. A text that does not match a record
+holding the authoritative text gets its drift class (``sidecar.core.drift``).
 
 When the policy declares itself time-pure, the policy's reasons per (caller,
 record, policy version) are kept in a VerdictCache until the record's next
@@ -22,6 +23,7 @@ from hashlib import sha256
 from sidecar.core.caller import Caller
 from sidecar.core.chunk_record import ChunkRecord
 from sidecar.core.decision import ChunkDecision, Verdict
+from sidecar.core.drift import classify
 from sidecar.core.hits import Candidate
 from sidecar.core.integrity import canonical_sha256, fields_sha256
 from sidecar.core.policy import PolicyEngine, PolicyError, policy_input, to_epoch_ns
@@ -77,6 +79,12 @@ class Gate:
         self._verdicts = (
             VerdictCache(verdict_cache_size) if cacheable and verdict_cache_size else None
         )
+
+    @property
+    def evaluates_remotely(self) -> bool:
+        """True when the policy engine waits on the network (``policy.remote``): then
+        ``decide`` belongs off the event loop."""
+        return getattr(self._policy, "remote", False) is True
 
     @property
     def verdict_cache(self) -> VerdictCache | None:
@@ -159,12 +167,17 @@ class Gate:
             if not signed:
                 extra.append(Reason.SIGNATURE_MISSING)
             unvouched = not fields_intact and record.payload_sha256 is None
+            # The record's text, when it holds one, says what kind of change
+            # the index made (bounded work, only for mismatching chunks).
+            authoritative = record.text
+            drift = None if intact or authoritative is None else classify(authoritative, text)
             decisions.append(
                 ChunkDecision(
                     position,
                     chunk_id,
                     order.sort([*reasons, *extra]),
                     _NO_PAYLOAD_HASH if unvouched else None,
+                    drift,
                 )
             )
         return Verdict(

@@ -160,12 +160,16 @@ class Recorder:
         # Every reason of each rejected chunk: a tampered chunk that is also
         # superseded is still tampered (drift alerts read these).
         every: dict[str, int] = {}
+        drifts: dict[str, int] = {}
         for decision in verdict.decisions:
             reasons = decision.reasons
             if reasons:
                 key = ("rejected", reasons[0])
                 for reason in reasons:
                     every[reason] = every.get(reason, 0) + 1
+                drift = decision.drift
+                if drift is not None:
+                    drifts[drift] = drifts.get(drift, 0) + 1
             else:
                 key = _ADMITTED
             counts[key] = counts.get(key, 0) + 1
@@ -174,6 +178,8 @@ class Recorder:
         metrics.count_chunks(format_name, collection, counts)
         if every:
             metrics.count_reasons(format_name, collection, every)
+            if drifts:
+                metrics.count_drift(format_name, collection, drifts)
             leaked = every.get(Reason.TENANT_MISMATCH) if tenant_filter else None
             if leaked:
                 # The database was asked for the caller's tenant only and
