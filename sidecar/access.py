@@ -8,6 +8,7 @@ evaluated refuses too.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -147,7 +148,12 @@ class RequestAccess:
             raise AccessDenied(status, exc.code) from exc
         if self._request_policy is not None:
             route = Route(request.method, request.path)
-            self._check_policy(caller, route, self._collections(route))
+            collections = self._collections(route)
+            if getattr(self._request_policy, "remote", False) is True:
+                # An OPA round trip: other streams go on while it waits.
+                await asyncio.to_thread(self._check_policy, caller, route, collections)
+            else:
+                self._check_policy(caller, route, collections)
         return Admission(caller, self._strip_headers(request))
 
     def _strip_headers(self, request: AuthRequest) -> tuple[str, ...]:

@@ -36,6 +36,11 @@ class IdentityMode(StrEnum):
     MESH_MTLS = "mesh-mtls"  # the peer's verified SPIFFE id, mapped by the workloads table
 
 
+class PolicyEngineName(StrEnum):
+    REGORUS = "regorus"  # the Rego files of policy_dir, in process
+    OPA = "opa"  # an OPA server's REST Data API at opa_url
+
+
 def default_policy_dir() -> Path:
     """The bundled policies: ``sidecar/policies``, a link to the checkout's ``policies/``
     that wheels carry as a copy."""
@@ -123,6 +128,35 @@ class Settings:
     )
     policy_data: Path | None = field(
         default=None, metadata=about("JSON file loaded as Rego data (e.g. collection owners)")
+    )
+    # With opa, policy_dir and policy_data are not read: the policy and its data
+    # are OPA's (sidecar/rego/opa_engine.py).
+    policy_engine: PolicyEngineName = field(
+        default=PolicyEngineName.REGORUS,
+        metadata=about(
+            "who evaluates the Rego policies: regorus (policy_dir, in process) or "
+            "opa (the OPA server at opa_url)"
+        ),
+    )
+    opa_url: str | None = field(
+        default=None,
+        metadata=about("OPA's base URL, http(s)://host:port (required with policy_engine opa)"),
+    )
+    opa_token_file: Path | None = field(
+        default=None, metadata=about("file holding the bearer token sent to OPA (default: none)")
+    )
+    opa_timeout_ms: int = field(
+        default=500,
+        metadata=about(
+            "longest wait for each connect and each read of an OPA call; a connection "
+            "error is retried once (must be below message_timeout_ms)"
+        ),
+    )
+    opa_ca_file: Path | None = field(
+        default=None,
+        metadata=about(
+            "CA bundle (PEM) an https OPA's certificate must chain to (default: system)"
+        ),
     )
     custom_reasons: tuple[str, ...] = field(
         default=(),
@@ -343,6 +377,7 @@ _POSITIVE_INTS = (
     "negative_cache_size",
     "max_body_bytes",
     "message_timeout_ms",
+    "opa_timeout_ms",
     "overfetch_cap",
     "max_hits",
 )
@@ -354,6 +389,8 @@ TLS_FILES = ("tls_cert_file", "tls_key_file", "tls_client_ca_file")
 _PATHS = (
     "policy_dir",
     "policy_data",
+    "opa_token_file",
+    "opa_ca_file",
     "audit_log",
     "jwt_public_key",
     "jwt_hmac_secret_file",
@@ -416,6 +453,8 @@ def _convert(name: str, value: Any) -> Any:
             return None if value is None else IdentityMode(value)
         if name == "mode":
             return Mode(value)
+        if name == "policy_engine":
+            return PolicyEngineName(value)
         if name == "routes":
             if not isinstance(value, dict):
                 raise TypeError("must be a table of path prefix = {options}")
@@ -518,6 +557,22 @@ def _check_audit(settings: Settings) -> None:
         )
 
 
+def _check_opa(settings: Settings) -> None:
+    # opa_url itself is checked where the engine is built (sidecar.runtime.server):
+    # every flag must be accepted alone, --policy-engine opa included.
+    if settings.policy_engine is not PolicyEngineName.OPA:
+        return
+    if settings.policy_data is not None:
+        raise ConfigError(
+            "setting 'policy_data' is not used with policy_engine 'opa': load the data into OPA"
+        )
+    if settings.opa_timeout_ms >= settings.message_timeout_ms:
+        raise ConfigError(
+            "setting 'opa_timeout_ms' must be below 'message_timeout_ms', or Envoy gives "
+            "up on the sidecar before the sidecar gives up on OPA"
+        )
+
+
 def _check_formats(settings: Settings) -> None:
     try:
         format_table(settings)
@@ -567,5 +622,6 @@ def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = N
     _check_identity(settings)
     _check_mesh(settings)
     _check_audit(settings)
+    _check_opa(settings)
     _check_formats(settings)
     return settings

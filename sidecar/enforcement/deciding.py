@@ -112,6 +112,12 @@ class Decider:
         counts are per slice: a record repeated in two slices counts twice.
         """
         gate = self._gate
+        if gate.evaluates_remotely:
+            # An OPA round trip: the loop must serve other streams while it waits
+            # (no verdict cache is kept for such an engine, so a thread is safe).
+            return await asyncio.to_thread(
+                gate.decide, caller, candidates, lookup.records, lookup.unavailable, now
+            )
         if len(candidates) <= _DECIDE_SLICE:
             return gate.decide(caller, candidates, lookup.records, lookup.unavailable, now)
         parts = []

@@ -263,7 +263,7 @@ class RegorusEngine:
         """
         self._policy = CompiledPolicy(sources, data=data)
         self._query = query
-        _reasons(self._policy.probe(query, _EMPTY_BATCH), set(), query)
+        checked_reasons(self._policy.probe(query, _EMPTY_BATCH), set(), query)
         self._time_pure = is_time_pure(self._policy, query, _EMPTY_BATCH)
 
     @classmethod
@@ -298,9 +298,9 @@ class RegorusEngine:
         fails, or the result is not an object of string arrays with exactly one
         entry per input chunk id. Messages never quote input data.
         """
-        expected_ids = _chunk_ids(policy_input)
+        expected_ids = input_chunk_ids(policy_input)
         result = self._policy.evaluate(self._query, policy_input)
-        return _reasons(result, expected_ids, self._query)
+        return checked_reasons(result, expected_ids, self._query)
 
 
 def _thread_engines() -> OrderedDict[str, Any]:
@@ -311,7 +311,8 @@ def _thread_engines() -> OrderedDict[str, Any]:
     return engines
 
 
-def _chunk_ids(policy_input: Mapping[str, Any]) -> set[str]:
+def input_chunk_ids(policy_input: Mapping[str, Any]) -> set[str]:
+    """The chunk ids of a policy input, each once; PolicyError for a missing or repeated one."""
     # The result is checked against these ids: regorus can drop chunks whose id
     # is missing, and a duplicate id makes the policy's object conflict.
     chunks = policy_input.get("chunks", [])
@@ -326,7 +327,9 @@ def _chunk_ids(policy_input: Mapping[str, Any]) -> set[str]:
     return ids
 
 
-def _reasons(result: Any, expected_ids: set[str], query: str) -> dict[str, list[str]]:
+def checked_reasons(result: Any, expected_ids: set[str], query: str) -> dict[str, list[str]]:
+    """The reasons per chunk id from an engine's answer to ``query``; PolicyError unless an
+    object of string arrays with exactly ``expected_ids`` (both engines refuse the same)."""
     if not isinstance(result, dict):
         kind = "undefined" if result is None else type(result).__name__
         raise PolicyError(f"{query} must be an object of string arrays, got {kind}")

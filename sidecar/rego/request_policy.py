@@ -40,7 +40,7 @@ class RequestPolicy:
         that names no collection.
         """
         self._policy = CompiledPolicy(sources, data=data)
-        _denials(self._policy.probe(REQUEST_QUERY, _SAMPLE_REQUEST))
+        checked_denials(self._policy.probe(REQUEST_QUERY, _SAMPLE_REQUEST))
 
     @classmethod
     def from_directory(cls, path: Path, *, data: Mapping[str, Any] | None = None) -> RequestPolicy:
@@ -62,10 +62,12 @@ class RequestPolicy:
         PolicyError when the input cannot be serialised, the engine fails, or
         the result is not an array of strings. Messages never quote input data.
         """
-        return _denials(self._policy.evaluate(REQUEST_QUERY, request_input))
+        return checked_denials(self._policy.evaluate(REQUEST_QUERY, request_input))
 
 
-def _denials(result: Any) -> list[str]:
+def checked_denials(result: Any) -> list[str]:
+    """The request policy's denials from an engine's answer; PolicyError unless an array
+    of strings (both engines refuse the same answers)."""
     if not isinstance(result, list):
         kind = "undefined" if result is None else type(result).__name__
         raise PolicyError(f"{REQUEST_QUERY} must be an array of strings, got {kind}")

@@ -13,12 +13,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import start_http_server
 
-from sidecar.access import RequestAccess
+from sidecar.access import RequestAccess, RequestPolicyEvaluator
 from sidecar.audit.jsonl import JsonlAuditSink
 from sidecar.audit.postgres import PostgresAuditSink
 from sidecar.audit.sink import AuditSink, NullAuditSink
-from sidecar.config import ConfigError, IdentityMode, Settings, format_table
+from sidecar.config import ConfigError, IdentityMode, PolicyEngineName, Settings, format_table
 from sidecar.core.gate import Gate
+from sidecar.core.policy import PolicyEngine, PolicyError
 from sidecar.core.reasons import ReasonOrder
 from sidecar.enforcement.response_filter import ResponseFilter
 from sidecar.envoy.ext_authz import AuthorizationServicer
@@ -33,6 +34,7 @@ from sidecar.identity.keys import key_source
 from sidecar.identity.mesh import MeshMtls
 from sidecar.identity.spiffe import WorkloadMap
 from sidecar.metrics import GateMetrics
+from sidecar.rego.opa_engine import OpaEngine, OpaRequestPolicy, OpaServer, read_token_file
 from sidecar.rego.regorus_engine import RegorusEngine
 from sidecar.rego.request_policy import RequestPolicy
 from sidecar.runtime.addresses import parse_host_port
@@ -124,6 +126,43 @@ def load_policy_data(settings: Settings) -> dict[str, Any] | None:
     return document
 
 
+def build_policies(settings: Settings) -> tuple[PolicyEngine, RequestPolicyEvaluator, str]:
+    """The chunk policy engine, the request policy and where they come from (for the log).
+
+    regorus: the Rego files of ``policy_dir`` (and ``policy_data``) in process.
+    opa: both policies asked of the OPA server at ``opa_url``, which holds the
+    policy and its data; an OPA that does not answer at start-up is logged and
+    the sidecar starts anyway, failing closed until it does.
+    """
+    if settings.policy_engine is PolicyEngineName.REGORUS:
+        data = load_policy_data(settings)
+        policy = RegorusEngine.from_directory(settings.policy_dir, data=data)
+        request_policy = RequestPolicy.from_directory(settings.policy_dir, data=data)
+        return policy, request_policy, str(settings.policy_dir)
+    if settings.opa_url is None:
+        raise ConfigError("policy_engine 'opa' needs --opa-url")
+    try:
+        token = None
+        if settings.opa_token_file is not None:
+            token = read_token_file(settings.opa_token_file)
+        server = OpaServer(
+            settings.opa_url,
+            token=token,
+            timeout_seconds=settings.opa_timeout_ms / 1000,
+            ca_file=settings.opa_ca_file,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"policy_engine 'opa': {exc}") from exc
+    engine = OpaEngine(server)
+    try:
+        engine.probe()
+    except PolicyError as exc:
+        log.warning(
+            "OPA does not serve the chunk policy yet (%s): failing closed until it does", exc
+        )
+    return engine, OpaRequestPolicy(server), server.display_url
+
+
 @dataclass
 class Sidecar:
     """The assembled parts of one sidecar process."""
@@ -152,9 +191,7 @@ class Sidecar:
             stale_if_error_seconds=settings.stale_if_error_seconds,
             observer=metrics if tracer is None else TracedCacheObserver(metrics),
         )
-        data = load_policy_data(settings)
-        policy = RegorusEngine.from_directory(settings.policy_dir, data=data)
-        request_policy = RequestPolicy.from_directory(settings.policy_dir, data=data)
+        policy, request_policy, policy_source = build_policies(settings)
         gate = Gate(
             policy,
             ReasonOrder(settings.custom_reasons),
@@ -174,7 +211,7 @@ class Sidecar:
             max_hits=settings.max_hits,
             tracer=tracer,
         )
-        log.info("policy %s loaded from %s", policy.version, settings.policy_dir)
+        log.info("policy %s loaded from %s", policy.version, policy_source)
         access = RequestAccess(
             build_identity(settings),
             request_policy,
