@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import ParamSpec, TypeVar
@@ -29,9 +29,10 @@ from sidecar.audit.record import UpstreamError
 from sidecar.audit.sink import AuditError, AuditSink
 from sidecar.core.caller import Caller
 from sidecar.core.gate import Gate
-from sidecar.core.hits import Route, RouteKind
+from sidecar.core.hits import Candidate, Route, RouteKind
 from sidecar.core.modes import Mode, RoutePolicy
 from sidecar.core.outcome import Outcome
+from sidecar.enforcement.candidates import CandidateList, CandidatesAnswer
 from sidecar.enforcement.deciding import Decider
 from sidecar.enforcement.recording import Recorder, ResponseFacts
 from sidecar.enforcement.releasing import release
@@ -428,6 +429,66 @@ class ResponseFilter:
             error = refusals.error_body(released.refusal, decision_id=facts.decision_id)
             return FilterResult(released.outcome, released.status, error, headers, released.refusal)
         return FilterResult(released.outcome, 200, released.body, headers)
+
+    async def decide_candidates(
+        self,
+        route: Route,
+        caller: Caller,
+        request_id: str,
+        candidates: Sequence[Candidate],
+        *,
+        format_name: str,
+        collection: str | None,
+        trace_headers: Mapping[str, str] | None = None,
+    ) -> CandidatesAnswer:
+        """Decide, release and record candidates sent without a body (the gate's own service).
+
+        The same steps as ``filter``, with the mode of ``route``'s settings;
+        no substitution (there is no body to put a successor in) and no
+        over-fetch. ``collection`` is the metrics' collection, by its name.
+        """
+        policy = self._policy_for(route.path)
+        label = self._collection_label([] if collection is None else [collection])
+        facts = ResponseFacts(
+            uuid.uuid4().hex,
+            request_id,
+            caller,
+            format_name,
+            policy.mode,
+            time.perf_counter(),
+            label,
+        )
+        with self._span(facts, route, trace_headers) as span:
+            if len(candidates) > self._max_hits:
+                refused = self._unreadable(facts, refusals.UPSTREAM_TOO_MANY_HITS)
+                _answered(span, refused)
+                return CandidatesAnswer(facts.decision_id, refused.status, refused.code)
+            decided = await self._decider.decide(caller, candidates, substitute=False)
+            if decided.verdict.policy_failed:
+                self._recorder.policy_failed()
+            released = release(policy.mode, CandidateList(candidates), decided, None)
+            span.decided(
+                decided.verdict,
+                substituted=0,
+                released=len(released.positions),
+                tenant_filter=False,
+                overfetched=False,
+            )
+            try:
+                self._recorder.decided(
+                    facts, decided, released, tenant_filter=False, overfetched=False
+                )
+            except AuditError:
+                unrecorded = _answered(span, self._unrecorded(facts))
+                return CandidatesAnswer(facts.decision_id, unrecorded.status, unrecorded.code)
+            span.answered(released.outcome, released.status, released.refusal)
+            return CandidatesAnswer(
+                facts.decision_id,
+                released.status,
+                released.refusal,
+                decided.verdict.decisions,
+                frozenset(released.positions),
+            )
 
     def _unreadable(self, facts: ResponseFacts, error: str) -> FilterResult:
         """A search response the gate cannot (or will not, over max_hits) decide.

@@ -24,6 +24,7 @@ from sidecar.core.reasons import ReasonOrder
 from sidecar.enforcement.response_filter import ResponseFilter
 from sidecar.envoy.ext_authz import AuthorizationServicer
 from sidecar.envoy.ext_proc import ExternalProcessorServicer
+from sidecar.envoy.gate_service import GateServicer, gate_access
 from sidecar.identity import IdentityProvider
 from sidecar.identity.claims import ClaimMapping
 from sidecar.identity.credentials import credential_headers
@@ -43,7 +44,7 @@ from sidecar.runtime.tracing import TracedCacheObserver, gate_tracer, start_trac
 from sidecar.store.cache import CachedStore
 from sidecar.store.listener import ChangeListener, change_listener
 from sidecar.store.open import open_store
-from sidecar.wire import ext_authz_pb2_grpc, ext_proc_pb2_grpc
+from sidecar.wire import ext_authz_pb2_grpc, ext_proc_pb2_grpc, gate_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +176,7 @@ class Sidecar:
     access: RequestAccess
     listener: ChangeListener | None  # live invalidation (PostgreSQL); None for SQLite
     tracing: TracerProvider | None = None  # this process's spans (OTEL_* variables); None: off
+    gate_access: RequestAccess | None = None  # the Gate service's request path; None: not served
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Sidecar:
@@ -212,14 +214,25 @@ class Sidecar:
             tracer=tracer,
         )
         log.info("policy %s loaded from %s", policy.version, policy_source)
+        identity = build_identity(settings)
         access = RequestAccess(
-            build_identity(settings),
+            identity,
             request_policy,
             route_kind=formats.route_kind,
             collections=formats.collections,
         )
         listener = change_listener(inner, store)
-        return cls(settings, metrics, store, audit, response_filter, access, listener, tracing)
+        return cls(
+            settings,
+            metrics,
+            store,
+            audit,
+            response_filter,
+            access,
+            listener,
+            tracing,
+            gate_access(identity, request_policy),
+        )
 
     async def aclose(self) -> None:
         """Stop listening, ship or close the audit trail, close the store, export the last spans."""
@@ -262,6 +275,10 @@ class SidecarServer:
             AuthorizationServicer(sidecar.access, sidecar.response_filter.count_request_refusal),
             self._grpc,
         )
+        if sidecar.gate_access is not None:
+            gate_pb2_grpc.add_GateServicer_to_server(
+                GateServicer(sidecar.response_filter, sidecar.gate_access), self._grpc
+            )
         # The standard gRPC health service, for Kubernetes' grpc probes and
         # Envoy's health checks: SERVING once the gate is ready, NOT_SERVING
         # from the moment it starts to stop.
@@ -287,7 +304,7 @@ class SidecarServer:
             raise ListenError(f"cannot listen on {address}")
         await self._grpc.start()
         await self._health.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
-        log.info("gRPC (ext_authz, ext_proc, health) listening on %s", address)
+        log.info("gRPC (ext_authz, ext_proc, Gate, health) listening on %s", address)
         if settings.metrics:
             host, port = parse_host_port(settings.metrics)
             self._metrics_server, _ = start_http_server(
