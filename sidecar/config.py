@@ -158,6 +158,25 @@ class Settings:
             "CA bundle (PEM) an https OPA's certificate must chain to (default: system)"
         ),
     )
+    # With a bundle, policy_dir is not read: the bundle holds the policy and its data
+    # (sidecar/rego/bundle.py), reloaded while serving (sidecar/runtime/policy_source.py).
+    policy_bundle: str | None = field(
+        default=None,
+        metadata=about(
+            "OPA-format policy bundle (.tar.gz), a file or an http(s) URL, polled and "
+            "hot-reloaded in place of policy_dir (policy_engine regorus)"
+        ),
+    )
+    policy_bundle_public_key: Path | None = field(
+        default=None,
+        metadata=about(
+            "PEM public key the bundle's .signatures.json must verify with; unsigned "
+            "or tampered bundles are refused (default: signatures not checked)"
+        ),
+    )
+    policy_bundle_poll_seconds: float = field(
+        default=10.0, metadata=about("how often the policy bundle is checked for a new revision")
+    )
     custom_reasons: tuple[str, ...] = field(
         default=(),
         metadata=about("reason codes your policy may emit as metric labels, comma-separated"),
@@ -382,7 +401,7 @@ _POSITIVE_INTS = (
     "max_hits",
 )
 # A zero TTL would make the cache unusable, not off: a fresh entry must live a while.
-_POSITIVE_FLOATS = ("cache_ttl_seconds", "negative_cache_ttl_seconds")
+_POSITIVE_FLOATS = ("cache_ttl_seconds", "negative_cache_ttl_seconds", "policy_bundle_poll_seconds")
 _NON_NEGATIVE_FLOATS = ("jwt_leeway_seconds", "stale_if_error_seconds")
 # The proxy's mTLS listener: all three or none (checked where proxy uses them).
 TLS_FILES = ("tls_cert_file", "tls_key_file", "tls_client_ca_file")
@@ -391,6 +410,7 @@ _PATHS = (
     "policy_data",
     "opa_token_file",
     "opa_ca_file",
+    "policy_bundle_public_key",
     "audit_log",
     "jwt_public_key",
     "jwt_hmac_secret_file",
@@ -557,6 +577,24 @@ def _check_audit(settings: Settings) -> None:
         )
 
 
+def _check_bundle(settings: Settings) -> None:
+    # A public key without a bundle is refused where policies are built
+    # (sidecar.runtime.server): every flag must be accepted alone.
+    if settings.policy_bundle is None:
+        return
+    if settings.policy_engine is PolicyEngineName.OPA:
+        raise ConfigError(
+            "setting 'policy_bundle' is not used with policy_engine 'opa': "
+            "serve the bundle to OPA (its bundle service) instead"
+        )
+    if not settings.policy_bundle:
+        raise ConfigError("setting 'policy_bundle' must be a file path or an http(s) URL")
+    if settings.policy_data is not None:
+        raise ConfigError(
+            "setting 'policy_data' is not used with 'policy_bundle': put data.json in the bundle"
+        )
+
+
 def _check_opa(settings: Settings) -> None:
     # opa_url itself is checked where the engine is built (sidecar.runtime.server):
     # every flag must be accepted alone, --policy-engine opa included.
@@ -623,5 +661,6 @@ def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = N
     _check_mesh(settings)
     _check_audit(settings)
     _check_opa(settings)
+    _check_bundle(settings)
     _check_formats(settings)
     return settings

@@ -2,7 +2,8 @@
 
 Label values come only from closed sets (decisions, reason codes, drift kinds, declared
 custom reasons, format names, outcomes, the operator's allowlist of
-collections): never chunk text, ids or callers.
+collections) or from the operator's own policy bundles (their revisions): never chunk
+text, ids or callers.
 """
 
 from __future__ import annotations
@@ -187,6 +188,22 @@ class GateMetrics:
             # With several workers: the backlogs of the live workers, added up.
             multiprocess_mode="livesum",
         )
+        self.policy_info = Gauge(
+            "retrieval_gate_policy_info",
+            "1 for the policy bundle revision decisions are made with (policy_bundle), 0 for "
+            "revisions that were active before.",
+            ("revision",),
+            registry=r,
+            # With several workers: 1 while any live worker has that revision active.
+            multiprocess_mode="livemax",
+        )
+        self.policy_bundle_refusals = counter(
+            "retrieval_gate_policy_bundle_refusals",
+            "Policy bundles refused (the last good revision stays active), by reason: "
+            "unavailable, format, too_large, unsafe_path, unsigned, signature, roots, "
+            "compile, tests, time_purity.",
+            ("reason",),
+        )
 
         # labels() is slow next to inc(): children are kept per label values.
         # Their number is bounded by the closed label sets.
@@ -211,6 +228,18 @@ class GateMetrics:
                 self.count_reasons(format_name, collection, dict.fromkeys(PRESET_REASONS, 0))
                 self.count_drift(format_name, collection, dict.fromkeys(Drift, 0))
                 self.pushdown_tenant_mismatches.labels(format_name, collection)
+
+    def policy_activated(self, revision: str, previous: str | None) -> None:
+        """Mark ``revision`` as the active policy bundle revision (and ``previous`` as not)."""
+        if previous is not None and previous != revision:
+            self.policy_info.labels(previous).set(0)
+        self.policy_info.labels(revision).set(1)
+
+    def preset_bundle_refusals(self, reasons: Iterable[str]) -> None:
+        """Create ``retrieval_gate_policy_bundle_refusals_total`` at 0 for each reason,
+        so that the first refused bundle is an increase an alert can see."""
+        for reason in reasons:
+            self.policy_bundle_refusals.labels(reason)
 
     def count_request_refusal(self, status: int) -> None:
         """Count a request refused before the database was asked (``status`` label)."""

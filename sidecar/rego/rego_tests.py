@@ -51,7 +51,11 @@ def run_rego_tests(policy_dir: Path) -> list[RegoTestResult]:
     Policies and tests are loaded together, as `opa test DIR` does. Raises
     PolicyError when a file does not compile or the AST cannot be read.
     """
-    engine = compile_sources(read_rego_sources(policy_dir, include_tests=True))
+    return run_compiled_tests(compile_sources(read_rego_sources(policy_dir, include_tests=True)))
+
+
+def run_compiled_tests(engine: Any) -> list[RegoTestResult]:
+    """Run every ``test_*`` rule of a compiled regorus engine (policies, tests and data)."""
     engine.set_gather_prints(True)
     return [_run_test(engine, rule) for rule in _test_rules(engine)]
 

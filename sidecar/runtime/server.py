@@ -39,6 +39,7 @@ from sidecar.rego.opa_engine import OpaEngine, OpaRequestPolicy, OpaServer, read
 from sidecar.rego.regorus_engine import RegorusEngine
 from sidecar.rego.request_policy import RequestPolicy
 from sidecar.runtime.addresses import parse_host_port
+from sidecar.runtime.policy_source import PolicySource, bundle_display, load_bundle_policy
 from sidecar.runtime.signals import StopSignals
 from sidecar.runtime.tracing import TracedCacheObserver, gate_tracer, start_tracing
 from sidecar.store.cache import CachedStore
@@ -130,11 +131,19 @@ def load_policy_data(settings: Settings) -> dict[str, Any] | None:
 def build_policies(settings: Settings) -> tuple[PolicyEngine, RequestPolicyEvaluator, str]:
     """The chunk policy engine, the request policy and where they come from (for the log).
 
-    regorus: the Rego files of ``policy_dir`` (and ``policy_data``) in process.
+    regorus: the Rego files of ``policy_dir`` (and ``policy_data``) in process,
+    or the current revision of ``policy_bundle`` (not reloaded: a serving
+    sidecar builds its PolicySource with :func:`load_bundle_policy`).
     opa: both policies asked of the OPA server at ``opa_url``, which holds the
     policy and its data; an OPA that does not answer at start-up is logged and
     the sidecar starts anyway, failing closed until it does.
     """
+    if settings.policy_bundle is not None:
+        # Outside a serving sidecar (explain): the bundle's current revision, not polled.
+        bundle = load_bundle_policy(settings, GateMetrics())
+        return bundle.policy, bundle.policy.request_policy, bundle_display(settings)
+    if settings.policy_bundle_public_key is not None:
+        raise ConfigError("setting 'policy_bundle_public_key' needs 'policy_bundle'")
     if settings.policy_engine is PolicyEngineName.REGORUS:
         data = load_policy_data(settings)
         policy = RegorusEngine.from_directory(settings.policy_dir, data=data)
@@ -177,6 +186,7 @@ class Sidecar:
     listener: ChangeListener | None  # live invalidation (PostgreSQL); None for SQLite
     tracing: TracerProvider | None = None  # this process's spans (OTEL_* variables); None: off
     gate_access: RequestAccess | None = None  # the Gate service's request path; None: not served
+    policy_source: PolicySource | None = None  # polls policy_bundle; None: no bundle
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Sidecar:
@@ -193,7 +203,15 @@ class Sidecar:
             stale_if_error_seconds=settings.stale_if_error_seconds,
             observer=metrics if tracer is None else TracedCacheObserver(metrics),
         )
-        policy, request_policy, policy_source = build_policies(settings)
+        bundle: PolicySource | None = None
+        policy: PolicyEngine
+        request_policy: RequestPolicyEvaluator
+        if settings.policy_bundle is not None:
+            bundle = load_bundle_policy(settings, metrics)
+            policy, request_policy = bundle.policy, bundle.policy.request_policy
+            policy_source = bundle_display(settings)
+        else:
+            policy, request_policy, policy_source = build_policies(settings)
         gate = Gate(
             policy,
             ReasonOrder(settings.custom_reasons),
@@ -232,10 +250,14 @@ class Sidecar:
             listener,
             tracing,
             gate_access(identity, request_policy),
+            bundle,
         )
 
     async def aclose(self) -> None:
-        """Stop listening, ship or close the audit trail, close the store, export the last spans."""
+        """Stop polling and listening, ship or close the audit trail, close the store,
+        export the last spans."""
+        if self.policy_source is not None:
+            await self.policy_source.stop()
         if self.listener is not None:
             await self.listener.stop()
         self.audit.close()
@@ -303,6 +325,8 @@ class SidecarServer:
         if port == 0 and not address.startswith("unix:"):
             raise ListenError(f"cannot listen on {address}")
         await self._grpc.start()
+        if self.sidecar.policy_source is not None:
+            self.sidecar.policy_source.start()
         await self._health.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
         log.info("gRPC (ext_authz, ext_proc, Gate, health) listening on %s", address)
         if settings.metrics:

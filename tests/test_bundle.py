@@ -1,0 +1,265 @@
+"""Policy bundles in OPA's format (sidecar/rego/bundle.py): reading, safety, signatures.
+
+The helpers here build real ``.tar.gz`` bundles and sign them as ``opa sign``
+does (a JWT over every file's SHA-256), with keys generated per test run; the
+reload and Envoy tests use them too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import jwt
+import orjson
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from sidecar.rego import bundle as bundle_module
+from sidecar.rego.bundle import BundleError, read_bundle
+
+POLICIES = Path(__file__).resolve().parent.parent / "policies"
+
+
+def policy_files(*, with_tests: bool = True) -> dict[str, bytes]:
+    """The bundled policies as bundle members under ``retrieval_gate/``."""
+    return {
+        f"retrieval_gate/{path.name}": path.read_bytes()
+        for path in sorted(POLICIES.glob("*.rego"))
+        if with_tests or not path.name.endswith("_test.rego")
+    }
+
+
+def make_bundle(
+    files: Mapping[str, bytes],
+    *,
+    revision: str | None = "r1",
+    roots: list[str] | None = None,
+    private_key: bytes | None = None,
+    algorithm: str = "RS256",
+    leading_slash: bool = True,
+) -> bytes:
+    """A ``.tar.gz`` bundle of ``files`` with a ``.manifest``, signed with ``private_key``."""
+    members = dict(files)
+    if revision is not None:
+        manifest: dict[str, object] = {"revision": revision}
+        if roots is not None:
+            manifest["roots"] = roots
+        members[".manifest"] = orjson.dumps(manifest)
+    if private_key is not None:
+        members[".signatures.json"] = signatures_for(members, private_key, algorithm)
+    return tar_gz(members, leading_slash=leading_slash)
+
+
+def signatures_for(members: Mapping[str, bytes], private_key: bytes, algorithm: str) -> bytes:
+    """A ``.signatures.json`` over ``members``, as ``opa sign`` writes it."""
+    listed = [
+        {"name": name, "hash": hashlib.sha256(content).hexdigest(), "algorithm": "SHA-256"}
+        for name, content in sorted(members.items())
+    ]
+    token = jwt.encode({"files": listed}, private_key, algorithm=algorithm)
+    return orjson.dumps({"signatures": [token]})
+
+
+def tar_gz(members: Mapping[str, bytes], *, leading_slash: bool = True) -> bytes:
+    """``members`` (name -> bytes) as a gzipped tar archive."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, content in members.items():
+            info = tarfile.TarInfo(("/" if leading_slash else "") + name)
+            info.size = len(content)
+            archive.addfile(info, io.BytesIO(content))
+    return buffer.getvalue()
+
+
+def rsa_pair() -> tuple[bytes, bytes]:
+    """A new RSA key pair: (private PEM, public PEM)."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return private, public
+
+
+@pytest.fixture(scope="module")
+def keys() -> tuple[bytes, bytes]:
+    return rsa_pair()
+
+
+def _refused(reason: str, blob: bytes, public_key: bytes | None = None) -> BundleError:
+    with pytest.raises(BundleError) as caught:
+        read_bundle(blob, public_key=public_key)
+    assert caught.value.reason == reason, str(caught.value)
+    return caught.value
+
+
+def test_reads_manifest_rego_and_data_at_their_paths() -> None:
+    files = {
+        **policy_files(),
+        "data.json": b'{"retrieval_gate": {"routes": {"allow_writes": false}}}',
+        "retrieval_gate/collections/data.json": b'{"sops": {"tenants": ["acme"]}}',
+    }
+    bundle = read_bundle(make_bundle(files, revision="2024-06-01.1", roots=["retrieval_gate"]))
+    assert bundle.revision == "2024-06-01.1"
+    assert bundle.roots == ("retrieval_gate",)
+    assert set(bundle.rego) == set(policy_files())
+    assert set(bundle.policy_sources()) == set(policy_files(with_tests=False))
+    assert bundle.data == {
+        "retrieval_gate": {
+            "routes": {"allow_writes": False},
+            "collections": {"sops": {"tenants": ["acme"]}},
+        }
+    }
+    assert not bundle.signed
+
+
+def test_members_without_opa_leading_slash_read_the_same() -> None:
+    blob = make_bundle(policy_files(), leading_slash=False)
+    assert set(read_bundle(blob).rego) == set(policy_files())
+
+
+def test_without_manifest_the_revision_is_empty_and_roots_everything() -> None:
+    bundle = read_bundle(make_bundle(policy_files(), revision=None))
+    assert (bundle.revision, bundle.roots) == ("", ("",))
+
+
+@pytest.mark.parametrize(
+    "name", ["../evil.rego", "retrieval_gate/../../evil.rego", "a/./b.rego", "a//b.rego"]
+)
+def test_a_path_that_climbs_or_is_ambiguous_is_refused(name: str) -> None:
+    _refused("unsafe_path", tar_gz({**policy_files(), name: b"package x"}, leading_slash=False))
+
+
+def test_an_absolute_path_after_opas_slash_is_refused() -> None:
+    _refused("unsafe_path", tar_gz({"/etc/x.rego": b"package x"}, leading_slash=True))
+
+
+def test_a_symlink_is_refused() -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        info = tarfile.TarInfo("link.rego")
+        info.type = tarfile.SYMTYPE
+        info.linkname = "/etc/passwd"
+        archive.addfile(info)
+    _refused("unsafe_path", buffer.getvalue())
+
+
+def test_oversize_bundles_and_members_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    blob = make_bundle({**policy_files(), "big/data.json": b'{"x": "' + b"a" * 5000 + b'"}'})
+    monkeypatch.setattr(bundle_module, "MAX_FILE_BYTES", 4096)
+    _refused("too_large", blob)
+    monkeypatch.setattr(bundle_module, "MAX_BUNDLE_BYTES", len(blob) - 1)
+    _refused("too_large", blob)
+
+
+def test_a_gzip_bomb_is_refused_without_unpacking_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bundle_module, "MAX_UNPACKED_BYTES", 1024 * 1024)
+    blob = make_bundle({**policy_files(), "zeros/data.json": b" " * (4 * 1024 * 1024) + b"{}"})
+    assert len(blob) < 200_000
+    _refused("too_large", blob)
+
+
+def test_not_a_tar_gz_is_refused() -> None:
+    _refused("format", b"not a bundle")
+
+
+def test_a_package_outside_the_roots_is_refused() -> None:
+    files = {**policy_files(), "other/x.rego": b"package other.x\nallow := true\n"}
+    _refused("roots", make_bundle(files, roots=["retrieval_gate"]))
+
+
+def test_data_outside_the_roots_is_refused() -> None:
+    files = {**policy_files(), "data.json": b'{"elsewhere": {"x": 1}}'}
+    _refused("roots", make_bundle(files, roots=["retrieval_gate"]))
+
+
+def test_unsupported_file_kinds_are_refused_not_ignored() -> None:
+    _refused("format", make_bundle({**policy_files(), "data.yaml": b"x: 1"}))
+
+
+def test_conflicting_data_files_are_refused() -> None:
+    files = {
+        **policy_files(),
+        "data.json": b'{"retrieval_gate": {"collections": 1}}',
+        "retrieval_gate/collections/data.json": b'{"sops": {}}',
+    }
+    _refused("format", make_bundle(files))
+
+
+def test_a_valid_signature_is_accepted(keys: tuple[bytes, bytes]) -> None:
+    private, public = keys
+    bundle = read_bundle(make_bundle(policy_files(), private_key=private), public_key=public)
+    assert bundle.signed and bundle.revision == "r1"
+
+
+def test_an_es256_signature_is_accepted() -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    blob = make_bundle(policy_files(), private_key=private, algorithm="ES256")
+    assert read_bundle(blob, public_key=public).signed
+
+
+def test_json_hashed_as_opa_does_is_accepted(keys: tuple[bytes, bytes]) -> None:
+    private, public = keys
+    data = b'{ "retrieval_gate" : { "b": 1, "a": 2 } }'
+    members = {**policy_files(), "data.json": data, ".manifest": b'{"revision": "r1"}'}
+    signed = dict(members)
+    # OPA hashes JSON files in their compact, key-sorted form.
+    canonical = orjson.dumps(orjson.loads(data), option=orjson.OPT_SORT_KEYS)
+    token_members = {**members, "data.json": canonical}
+    signed[".signatures.json"] = signatures_for(token_members, private, "RS256")
+    assert read_bundle(tar_gz(signed), public_key=public).data == {
+        "retrieval_gate": {"a": 2, "b": 1}
+    }
+
+
+def test_an_unsigned_bundle_is_refused_when_a_key_is_set(keys: tuple[bytes, bytes]) -> None:
+    _refused("unsigned", make_bundle(policy_files()), keys[1])
+
+
+def test_a_tampered_file_is_refused(keys: tuple[bytes, bytes]) -> None:
+    private, public = keys
+    members = {**policy_files(), ".manifest": b'{"revision": "r1"}'}
+    members[".signatures.json"] = signatures_for(members, private, "RS256")
+    name = "retrieval_gate/chunks.rego"
+    members[name] = members[name].replace(b'"approved", ', b'"approved", "draft", ', 1)
+    error = _refused("signature", tar_gz(members), public)
+    assert name in str(error)
+
+
+def test_an_added_file_is_refused(keys: tuple[bytes, bytes]) -> None:
+    private, public = keys
+    members = {**policy_files(), ".manifest": b'{"revision": "r1"}'}
+    members[".signatures.json"] = signatures_for(members, private, "RS256")
+    members["data.json"] = b'{"retrieval_gate": {"routes": {"allow_writes": true}}}'
+    _refused("signature", tar_gz(members), public)
+
+
+def test_a_signature_by_another_key_is_refused(keys: tuple[bytes, bytes]) -> None:
+    other_private, _ = rsa_pair()
+    _refused("signature", make_bundle(policy_files(), private_key=other_private), keys[1])
+
+
+def test_a_symmetric_signature_is_refused(keys: tuple[bytes, bytes]) -> None:
+    members = {**policy_files(), ".manifest": b'{"revision": "r1"}'}
+    listed = [
+        {"name": n, "hash": hashlib.sha256(c).hexdigest()} for n, c in sorted(members.items())
+    ]
+    # A shared-secret algorithm is never accepted, whatever the secret.
+    token = jwt.encode({"files": listed}, "k" * 32, algorithm="HS256")
+    members[".signatures.json"] = orjson.dumps({"signatures": [token]})
+    _refused("signature", tar_gz(members), keys[1])
