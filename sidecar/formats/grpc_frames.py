@@ -14,8 +14,8 @@ import struct
 
 from sidecar.formats.base import MalformedBody
 
-PREFIX = struct.Struct(">?I")
-PREFIX_FLAG_LENGTH = struct.Struct(">BI")  # the flag as a number, to refuse unknown ones
+# The flag as a number (0 or 1; anything else is refused), then the length.
+PREFIX = struct.Struct(">BI")
 PREFIX_BYTES = PREFIX.size  # 5
 
 
@@ -29,7 +29,7 @@ def frame_spans(body: bytes) -> list[tuple[bool, int, int]]:
     while offset < len(body):
         if len(body) - offset < PREFIX_BYTES:
             raise MalformedBody("gRPC body ends inside a frame prefix")
-        flag, length = PREFIX_FLAG_LENGTH.unpack_from(body, offset)
+        flag, length = PREFIX.unpack_from(body, offset)
         if flag > 1:
             raise MalformedBody("gRPC frame has an unknown flag")
         start = offset + PREFIX_BYTES
@@ -40,22 +40,14 @@ def frame_spans(body: bytes) -> list[tuple[bool, int, int]]:
     return spans
 
 
-def split_frames(body: bytes, *, compressed_ok: bool = False) -> list[tuple[bool, bytes]]:
-    """The ``(compressed, message)`` pairs of ``body``; MalformedBody if it is not exact frames.
-
-    Without ``compressed_ok`` a compressed frame is MalformedBody too.
-    """
-    spans = frame_spans(body)
-    if not compressed_ok and any(compressed for compressed, _, _ in spans):
-        raise MalformedBody("gRPC message is compressed")
-    return [(compressed, body[start:end]) for compressed, start, end in spans]
-
-
 def messages(body: bytes) -> list[bytes]:
     """The uncompressed messages of ``body``; MalformedBody unless it is exact flag-0 frames."""
-    return [message for _, message in split_frames(body)]
+    spans = frame_spans(body)
+    if any(compressed for compressed, _, _ in spans):
+        raise MalformedBody("gRPC message is compressed")
+    return [body[start:end] for _, start, end in spans]
 
 
 def frame(message: bytes) -> bytes:
     """``message`` as one uncompressed frame."""
-    return PREFIX.pack(False, len(message)) + message
+    return PREFIX.pack(0, len(message)) + message
