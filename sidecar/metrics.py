@@ -190,8 +190,8 @@ class GateMetrics:
         )
         self.policy_info = Gauge(
             "retrieval_gate_policy_info",
-            "1 for the policy bundle revision decisions are made with (policy_bundle), 0 for "
-            "revisions that were active before.",
+            "1 for the policy revision decisions are made with (a policy_bundle's revision; "
+            "without a bundle, the policy's version), 0 for revisions active before.",
             ("revision",),
             registry=r,
             # With several workers: 1 while any live worker has that revision active.

@@ -542,6 +542,20 @@ def refusals() -> list[timeseries.Panel]:
                 ),
             ],
         ),
+        graph(
+            "Policy revision",
+            "The policy bundle revision active in the gate (1 while any worker runs it; "
+            "two at once only during a rollout), and bundles refused by reason: a "
+            "refused bundle leaves the last good revision active.",
+            "short",
+            [
+                (f"max by (revision) ({of_job('retrieval_gate_policy_info')})", "{{revision}}"),
+                (
+                    summed("reason", of_job("retrieval_gate_policy_bundle_refusals_total")),
+                    "refused: {{reason}}",
+                ),
+            ],
+        ),
     ]
 
 

@@ -39,7 +39,12 @@ from sidecar.rego.opa_engine import OpaEngine, OpaRequestPolicy, OpaServer, read
 from sidecar.rego.regorus_engine import RegorusEngine
 from sidecar.rego.request_policy import RequestPolicy
 from sidecar.runtime.addresses import parse_host_port
-from sidecar.runtime.policy_source import PolicySource, bundle_display, load_bundle_policy
+from sidecar.runtime.policy_source import (
+    REFUSAL_REASONS,
+    PolicySource,
+    bundle_display,
+    load_bundle_policy,
+)
 from sidecar.runtime.signals import StopSignals
 from sidecar.runtime.tracing import TracedCacheObserver, gate_tracer, start_tracing
 from sidecar.store.cache import CachedStore
@@ -212,6 +217,10 @@ class Sidecar:
             policy_source = bundle_display(settings)
         else:
             policy, request_policy, policy_source = build_policies(settings)
+            # Without a bundle the policy's version (its sources' digest, or the
+            # OPA rule) is its revision: the dashboard shows what decides.
+            metrics.policy_activated(policy.version, None)
+            metrics.preset_bundle_refusals(REFUSAL_REASONS)
         gate = Gate(
             policy,
             ReasonOrder(settings.custom_reasons),
