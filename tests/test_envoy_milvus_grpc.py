@@ -127,7 +127,6 @@ def milvus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, milvus: int) -> Iterator[GateStack]:
     workdir = tmp_path_factory.mktemp("milvus-grpc")
-    (workdir / "secret").write_bytes(SECRET)
     records = [
         record_dict(collection.chunk_id(n), **overrides)
         for collection in COLLECTIONS
@@ -138,10 +137,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, milvus: int) -> Iterator[Gat
         workdir,
         records,
         config={
-            "identity": "jwt",
-            "issuer": tokens.ISSUER,
-            "audience": tokens.AUDIENCE,
-            "jwt_hmac_secret_file": str(workdir / "secret"),
+            **tokens.hmac_identity(workdir, SECRET),
             "overfetch_factor": 2,
         },
         upstream_url=f"http://127.0.0.1:{milvus}",
@@ -285,7 +281,6 @@ def test_a_bad_token_fails_fast_with_a_clear_error(stack: GateStack, token: str,
 def releasing(tmp_path_factory: pytest.TempPathFactory, milvus: int) -> Iterator[MilvusClient]:
     """A second gate in front of the same Milvus, releasing more of each row."""
     workdir = tmp_path_factory.mktemp("milvus-grpc-fields")
-    (workdir / "secret").write_bytes(SECRET)
     records = [
         record_dict(INT_KEYS.chunk_id(n), **overrides)
         for n, overrides in RECORDS.items()
@@ -295,10 +290,7 @@ def releasing(tmp_path_factory: pytest.TempPathFactory, milvus: int) -> Iterator
         workdir,
         records,
         config={
-            "identity": "jwt",
-            "issuer": tokens.ISSUER,
-            "audience": tokens.AUDIENCE,
-            "jwt_hmac_secret_file": str(workdir / "secret"),
+            **tokens.hmac_identity(workdir, SECRET),
             "formats": {"milvus_grpc": {"releasable_fields": ["note", "vec2", "tenant"]}},
         },
         upstream_url=f"http://127.0.0.1:{milvus}",

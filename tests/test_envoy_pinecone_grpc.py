@@ -121,16 +121,12 @@ def fake() -> Iterator[FakePinecone]:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, fake: FakePinecone) -> Iterator[GateStack]:
     workdir = tmp_path_factory.mktemp("pinecone-grpc")
-    (workdir / "secret").write_bytes(SECRET)
     records = [record_dict(vid, **o) for vid, (o, _) in CORPUS.items() if o is not None]
     gate = GateStack(
         workdir,
         records,
         config={
-            "identity": "jwt",
-            "issuer": tokens.ISSUER,
-            "audience": tokens.AUDIENCE,
-            "jwt_hmac_secret_file": str(workdir / "secret"),
+            **tokens.hmac_identity(workdir, SECRET),
             "overfetch_factor": 2,
         },
         grpc_upstream_url=fake.server.url,

@@ -71,16 +71,12 @@ def fake() -> Iterator[FakeQdrant]:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, fake: FakeQdrant) -> Iterator[GateStack]:
     workdir = tmp_path_factory.mktemp("qdrant-grpc")
-    (workdir / "secret").write_bytes(SECRET)
     records = [record_dict(str(pid), **o) for pid, (o, _) in CORPUS.items() if o is not None]
     gate = GateStack(
         workdir,
         records,
         config={
-            "identity": "jwt",
-            "issuer": tokens.ISSUER,
-            "audience": tokens.AUDIENCE,
-            "jwt_hmac_secret_file": str(workdir / "secret"),
+            **tokens.hmac_identity(workdir, SECRET),
             "overfetch_factor": 2,
             "formats": {"qdrant_grpc": {"releasable_fields": ["doc_id"]}},
         },

@@ -160,16 +160,12 @@ def fake() -> Iterator[FakeWeaviate]:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, fake: FakeWeaviate) -> Iterator[GateStack]:
     workdir = tmp_path_factory.mktemp("weaviate-grpc")
-    (workdir / "secret").write_bytes(SECRET)
     records = [record_dict(oid, **o) for oid, (o, _) in CORPUS.items() if o is not None]
     gate = GateStack(
         workdir,
         records,
         config={
-            "identity": "jwt",
-            "issuer": tokens.ISSUER,
-            "audience": tokens.AUDIENCE,
-            "jwt_hmac_secret_file": str(workdir / "secret"),
+            **tokens.hmac_identity(workdir, SECRET),
             "overfetch_factor": 2,
             "formats": {"weaviate_grpc": {"releasable_fields": ["topic"]}},
         },
