@@ -16,6 +16,12 @@ checks := {"COLLECTION_FORBIDDEN", "ROUTE_FORBIDDEN"}
 
 denials := sort(checks - passed)
 
+# The answer depends only on the input and this policy (its sources and data):
+# no clock, randomness, network or runtime builtins. The gate may then keep it
+# per input until the policy changes (policies/README.md, "Request cache").
+# Remove this line before adding a rule that reads anything else.
+time_pure := true
+
 # Collection ownership, from policy data:
 #   data.retrieval_gate.collections = {"sops": {"tenants": ["acme"]}}
 # A collection described there is reserved to its tenants; a collection not

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -67,6 +69,11 @@ def path_problem(path: str) -> str | None:
 
 
 class RequestPolicyEvaluator(Protocol):
+    @property
+    def version(self) -> str:
+        """Changes whenever the policy's answers may change (sources, data, revision)."""
+        ...
+
     def evaluate(self, request_input: Mapping[str, Any]) -> list[str]:
         """Reasons to refuse the request (empty: allowed); raises PolicyError."""
         ...
@@ -101,6 +108,54 @@ class Admission:
     strip_headers: tuple[str, ...]
 
 
+# (policy version, caller, method, path, collections): everything the request
+# policy's input holds but the route kind, which the route decides.
+_AnswerKey = tuple[str, Caller, str, str, tuple[str, ...]]
+
+
+class RequestAnswers:
+    """The request policy's denials per input, for a policy that declares itself
+    time-pure (``time_pure := true`` in its package, policies/README.md).
+
+    Such a policy's answer depends only on its input and the policy (sources
+    and data), so the same input under the same policy version gets the same
+    answer. The version is part of the key, and a new version empties the
+    cache. Failed evaluations are never kept. Bounded: the least recently used
+    entries make room.
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        if maxsize < 1:
+            raise ValueError("request cache size must be at least 1")
+        self.maxsize = maxsize
+        self._entries: OrderedDict[_AnswerKey, tuple[str, ...]] = OrderedDict()
+        self._version = ""
+        # The Gate service and remote evaluations run off the event loop.
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: _AnswerKey) -> tuple[str, ...] | None:
+        """The denials kept for ``key``; None when none are."""
+        with self._lock:
+            denials = self._entries.get(key)
+            if denials is not None:
+                self._entries.move_to_end(key)
+            return denials
+
+    def put(self, key: _AnswerKey, denials: tuple[str, ...]) -> None:
+        """Keep ``denials`` for ``key``, forgetting every answer of another policy version."""
+        entries = self._entries
+        with self._lock:
+            if key[0] != self._version:
+                entries.clear()
+                self._version = key[0]
+            entries[key] = denials
+            if len(entries) > self.maxsize:
+                entries.popitem(last=False)
+
+
 class RequestAccess:
     """Identity, then the request policy, for one request."""
 
@@ -111,13 +166,19 @@ class RequestAccess:
         *,
         route_kind: Callable[[Route], RouteKind | None],
         collections: Callable[[Route], Sequence[str]] = path_collections,
+        answers: RequestAnswers | None = None,
     ) -> None:
         """``route_kind`` says what a route does (the format adapters know; None: unknown),
-        ``collections`` which collections (names or patterns) its path names."""
+        ``collections`` which collections (names or patterns) its path names.
+
+        ``answers`` keeps the request policy's denials when the policy declares
+        itself time-pure (``request_policy.time_pure``); None evaluates every request.
+        """
         self._identity = identity
         self._request_policy = request_policy
         self._route_kind = route_kind
         self._collections = collections
+        self._answers = answers
 
     async def admit(self, request: AuthRequest) -> Admission:
         """Return the caller and the headers to strip, or raise AccessDenied."""
@@ -182,7 +243,17 @@ class RequestAccess:
         self._check_policy(caller, route, [*path, *(n for n in named if n not in path)])
 
     def _check_policy(self, caller: Caller, route: Route, collections: Sequence[str]) -> None:
-        assert self._request_policy is not None
+        policy = self._request_policy
+        assert policy is not None
+        answers = self._answers
+        key: _AnswerKey | None = None
+        if answers is not None and getattr(policy, "time_pure", False) is True:
+            key = (policy.version, caller, route.method, route.path, tuple(collections))
+            denials = answers.get(key)
+            if denials is not None:
+                if denials:
+                    raise AccessDenied(403, refusals.FORBIDDEN, denials)
+                return
         document = {
             "caller": caller.to_document(),
             "method": route.method,
@@ -191,9 +262,12 @@ class RequestAccess:
             "route_kind": self._route_kind(route),
         }
         try:
-            reasons = self._request_policy.evaluate(document)
+            reasons = tuple(policy.evaluate(document))
         except PolicyError:
             log.error("request policy could not be evaluated; refusing the request")
             raise AccessDenied(403, refusals.POLICY_ERROR) from None
+        if key is not None:
+            assert answers is not None
+            answers.put(key, reasons)
         if reasons:
-            raise AccessDenied(403, refusals.FORBIDDEN, tuple(reasons))
+            raise AccessDenied(403, refusals.FORBIDDEN, reasons)

@@ -41,6 +41,12 @@ class PolicyEngineName(StrEnum):
     OPA = "opa"  # an OPA server's REST Data API at opa_url
 
 
+class EventLoopName(StrEnum):
+    AUTO = "auto"  # uvloop where it is installed, else asyncio's own
+    UVLOOP = "uvloop"
+    ASYNCIO = "asyncio"
+
+
 def default_policy_dir() -> Path:
     """The bundled policies: ``sidecar/policies``, a link to the checkout's ``policies/``
     that wheels carry as a copy."""
@@ -305,6 +311,13 @@ class Settings:
             "policy verdicts remembered per (caller, record) for a time-pure policy (0: off)"
         ),
     )
+    request_cache_size: int = field(
+        default=10_000,
+        metadata=about(
+            "request-policy answers remembered per (caller, method, path, collections) "
+            "for a time-pure request policy (0: off)"
+        ),
+    )
     cache_ttl_seconds: float = field(
         default=30.0, metadata=about("how long a looked-up record is trusted")
     )
@@ -335,6 +348,13 @@ class Settings:
     # With N > 1 each worker listens on its own address
     # (sidecar.runtime.workers.worker_addresses) and Envoy balances across them.
     workers: int = field(default=1, metadata=about("sidecar processes, e.g. one per core"))
+    event_loop: EventLoopName = field(
+        default=EventLoopName.AUTO,
+        metadata=about(
+            "the event loop each sidecar process serves on: auto (uvloop where installed), "
+            "uvloop or asyncio"
+        ),
+    )
     metrics: str | None = field(
         default=None, metadata=about("host:port to serve /metrics on (default: off)")
     )
@@ -475,6 +495,8 @@ def _convert(name: str, value: Any) -> Any:
             return Mode(value)
         if name == "policy_engine":
             return PolicyEngineName(value)
+        if name == "event_loop":
+            return EventLoopName(value)
         if name == "routes":
             if not isinstance(value, dict):
                 raise TypeError("must be a table of path prefix = {options}")
@@ -529,7 +551,7 @@ def _convert(name: str, value: Any) -> Any:
             if number < 0:
                 raise ValueError("must be >= 0")
             return number
-        if name == "verdict_cache_size":
+        if name in ("verdict_cache_size", "request_cache_size"):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError("must be a non-negative integer (0 turns the cache off)")
             return value

@@ -121,6 +121,8 @@ def test_every_client_sent_gate_header_is_stripped() -> None:
 class RecordingPolicy:
     """Allows everything and keeps the inputs it was asked about."""
 
+    version = "recording"
+
     def __init__(self) -> None:
         self.inputs: list[Mapping[str, Any]] = []
 

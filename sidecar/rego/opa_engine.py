@@ -212,6 +212,12 @@ class OpaRequestPolicy:
 
     def __init__(self, server: OpaServer) -> None:
         self._server = server
+        self._version = f"opa:{server.display_url}#{REQUEST_QUERY}"
+
+    @property
+    def version(self) -> str:
+        """``opa:<url>#<rule>``: OPA can change the policy unseen, so nothing is kept by it."""
+        return self._version
 
     def evaluate(self, request_input: Mapping[str, Any]) -> list[str]:
         """The reasons the request is denied for; an empty list allows it.

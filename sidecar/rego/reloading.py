@@ -210,6 +210,11 @@ class _ActiveRequestPolicy:
     def version(self) -> str:
         return self._policy.active.version
 
+    @property
+    def time_pure(self) -> bool:
+        """Whether the active revision's request policy declares itself time-pure."""
+        return self._policy.active.request_policy.time_pure
+
     def evaluate(self, request_input: Mapping[str, Any]) -> list[str]:
         """The active revision's request denials (see RequestPolicy.evaluate)."""
         return self._policy.active.request_policy.evaluate(request_input)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.core.policy import PolicyError
+from sidecar.rego.purity import is_time_pure
 from sidecar.rego.regorus_engine import CompiledPolicy, read_rego_sources
 
 REQUEST_QUERY = "data.retrieval_gate.request.denials"
@@ -41,6 +42,7 @@ class RequestPolicy:
         """
         self._policy = CompiledPolicy(sources, data=data)
         checked_denials(self._policy.probe(REQUEST_QUERY, _SAMPLE_REQUEST))
+        self._time_pure = is_time_pure(self._policy, REQUEST_QUERY, _SAMPLE_REQUEST)
 
     @classmethod
     def from_directory(cls, path: Path, *, data: Mapping[str, Any] | None = None) -> RequestPolicy:
@@ -54,6 +56,14 @@ class RequestPolicy:
         The same as the chunk policy's version for the same directory and data.
         """
         return self._policy.version
+
+    @property
+    def time_pure(self) -> bool:
+        """True when the policy declares ``time_pure := true`` next to ``denials``: its
+        answer then depends only on its input and the policy, and may be kept per input
+        (``sidecar.access.RequestAnswers``). Checked as the chunk policy's declaration is
+        (``sidecar.rego.purity``)."""
+        return self._time_pure
 
     def evaluate(self, request_input: Mapping[str, Any]) -> list[str]:
         """The reasons the request is denied for; an empty list allows it.

@@ -13,7 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import start_http_server
 
-from sidecar.access import RequestAccess, RequestPolicyEvaluator
+from sidecar.access import RequestAccess, RequestAnswers, RequestPolicyEvaluator
 from sidecar.audit.jsonl import JsonlAuditSink
 from sidecar.audit.postgres import PostgresAuditSink
 from sidecar.audit.sink import AuditSink, NullAuditSink
@@ -247,6 +247,9 @@ class Sidecar:
             request_policy,
             route_kind=formats.route_kind,
             collections=formats.collections,
+            answers=(
+                RequestAnswers(settings.request_cache_size) if settings.request_cache_size else None
+            ),
         )
         listener = change_listener(inner, store)
         return cls(
