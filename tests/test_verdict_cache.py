@@ -457,10 +457,22 @@ def test_clear_forgets_everything(gate: Gate, engine: Counting) -> None:
     assert len(engine.evaluated) == 2
 
 
-def test_an_unhashable_record_is_decided_but_not_cached(gate: Gate, engine: Counting) -> None:
+def test_an_equal_record_built_anew_is_a_hit(gate: Gate, engine: Counting) -> None:
+    # A store read without the metadata cache returns a new object each time:
+    # equal field for field, it is the record the entry was decided for.
+    assert decide(gate, record("c1")) == [()]
+    assert decide(gate, record("c1")) == [()]
+    assert len(engine.evaluated) == 1
+
+
+def test_an_unhashable_record_is_decided_and_cached(gate: Gate, engine: Counting) -> None:
+    # Entries are found by chunk id and compared field by field: nothing is hashed.
     odd = dataclasses.replace(record("c1"), allowed_principals=["group:qa"])  # type: ignore[arg-type]
     assert decide(gate, odd) == [()]
-    assert decide(gate, odd) == [()]
+    assert decide(gate, dataclasses.replace(odd)) == [()]
+    assert len(engine.evaluated) == 1
+    changed = dataclasses.replace(odd, allowed_principals=["group:hr"])  # type: ignore[arg-type]
+    assert decide(gate, changed) == [(Reason.PRINCIPAL_MISMATCH,)]
     assert len(engine.evaluated) == 2
 
 

@@ -13,19 +13,27 @@ _FOREVER = float("inf")
 
 # (policy version, tenant, principals, drafts_allowed): every caller fact in the policy input.
 CallerKey = tuple[str, str, frozenset[str], bool]
-# (start, end, reasons): the reasons hold while start <= now_ns < end.
-_Entry = tuple[float, float, tuple[str, ...]]
+# (record, start, end, reasons): the reasons decided for ``record``, valid while
+# start <= now_ns < end.
+_Entry = tuple[ChunkRecord, float, float, tuple[str, ...]]
 
 
 class VerdictCache:
-    """A time-pure policy's reasons per (caller, record), until the record's next validity boundary.
+    """A time-pure policy's reasons per (caller, record), until the record's next validity
+    boundary.
 
-    The key holds the whole record as the store returned it, so a record the
-    store changed (revoked, re-scoped, re-hashed, re-dated) is a different key
-    and a miss: an entry can never outlive a revocation that reached the
-    metadata cache. An entry answers only while ``now`` lies in the same
-    validity interval as when it was computed: ``[start, end)`` between the
-    record's boundaries (``effective_at``, ``expires_at``) around that moment.
+    An entry is found by (caller, chunk id) and answers only for the very
+    record it was decided for: the record the store returns must be the same
+    object (the metadata cache hands out the one it holds) or equal to it,
+    field for field. A record the store changed (revoked, re-scoped,
+    re-hashed, re-dated) is neither, so it is a miss: an entry can never
+    outlive a revocation that reached the metadata cache. Comparing identity
+    first costs one pointer comparison per chunk where hashing the whole
+    record cost microseconds.
+
+    An entry answers only while ``now`` lies in the same validity interval as
+    when it was computed: ``[start, end)`` between the record's boundaries
+    (``effective_at``, ``expires_at``) around that moment.
 
     Bounded: the least recently used entries make room. Thread-safe.
     """
@@ -35,8 +43,8 @@ class VerdictCache:
             raise ValueError("verdict cache size must be at least 1")
         self.maxsize = maxsize
         # An OrderedDict rather than cachetools.LRUCache: a hit hashes the key
-        # (a whole record) twice here, four times there.
-        self._entries: OrderedDict[tuple[CallerKey, ChunkRecord], _Entry] = OrderedDict()
+        # twice here, four times there.
+        self._entries: OrderedDict[tuple[CallerKey, str], _Entry] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -51,14 +59,15 @@ class VerdictCache:
         entries = self._entries
         with self._lock:
             for chunk_id, record in records.items():
-                key = (caller, record)
-                try:
-                    entry = entries.get(key)
-                except TypeError:  # an unhashable field: such a record is never cached
-                    entry = None
-                if entry is not None and entry[0] <= now_ns < entry[1]:
+                key = (caller, record.chunk_id)
+                entry = entries.get(key)
+                if (
+                    entry is not None
+                    and (entry[0] is record or entry[0] == record)
+                    and entry[1] <= now_ns < entry[2]
+                ):
                     entries.move_to_end(key)
-                    found[chunk_id] = entry[2]
+                    found[chunk_id] = entry[3]
                 else:
                     missing[chunk_id] = record
         return found, missing
@@ -94,12 +103,9 @@ class VerdictCache:
             else:
                 end = min(end, boundary)
         entries = self._entries
-        key = (caller, record)
+        key = (caller, record.chunk_id)
         with self._lock:
-            try:
-                entries[key] = (start, end, reasons)
-            except TypeError:  # unhashable: not cached
-                return
+            entries[key] = (record, start, end, reasons)
             entries.move_to_end(key)
             while len(entries) > self.maxsize:
                 entries.popitem(last=False)
