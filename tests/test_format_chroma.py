@@ -1038,4 +1038,4 @@ def test_property_replacements_take_id_and_document_and_only_the_marker_in_metad
 def test_the_request_policy_sees_the_collection_a_path_names(
     method: str, path: str, named: list[str]
 ) -> None:
-    assert FormatTable([ChromaFormat()]).collections(Route(method, path)) == named
+    assert FormatTable([ChromaFormat()]).collections(Route(method, path)) == tuple(named)

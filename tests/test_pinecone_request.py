@@ -237,7 +237,7 @@ def test_the_namespaces_a_query_names(body: dict[str, Any], namespaces: tuple[st
 
 def test_a_records_search_names_its_path_namespace_as_written() -> None:
     # The request policy sees it from the path, before the body is read.
-    assert FormatTable([FMT]).collections(SEARCH) == ["Docs-1"]
+    assert FormatTable([FMT]).collections(SEARCH) == ("Docs-1",)
     assert FMT.route_collections(Route("post", "/RECORDS/namespaces/Docs-1/search/")) == ["Docs-1"]
     assert FMT.rewrites_request(Route("post", "/RECORDS/namespaces/Docs-1/search/"))
     assert FMT.route_collections(QUERY) is None

@@ -37,11 +37,12 @@ from sidecar.enforcement.deciding import Decider
 from sidecar.enforcement.recording import Recorder, ResponseFacts
 from sidecar.enforcement.releasing import release
 from sidecar.formats.base import (
-    ChecksQueryString,
     MalformedBody,
     RequestRewrite,
     RequestRewriter,
     ResponseFormat,
+    checks_query_string,
+    rewrites_requests,
 )
 from sidecar.formats.registry import FormatTable
 from sidecar.metrics import NO_COLLECTION, GateMetrics
@@ -171,7 +172,7 @@ class ResponseFilter:
         Its bodies are read even without push-down or over-fetch: they can
         name collections the request policy must see.
         """
-        if not isinstance(fmt, RequestRewriter) or not fmt.rewrites_request(route):
+        if not rewrites_requests(fmt) or not fmt.rewrites_request(route):
             return None
         return fmt
 
@@ -212,7 +213,7 @@ class ResponseFilter:
     def request_problem(self, fmt: ResponseFormat, route: Route, query_string: str) -> str | None:
         """Why a search on ``route`` cannot be restricted to the tenant as its URL stands;
         None when it can (or the route does not push down)."""
-        if not self.pushes_down(route) or not isinstance(fmt, ChecksQueryString):
+        if not self.pushes_down(route) or not checks_query_string(fmt):
             return None
         return fmt.query_string_problem(route, query_string)
 
@@ -231,9 +232,7 @@ class ResponseFilter:
         """
         policy = self._policy_for(route.path)
         factor = policy.overfetch_factor
-        if isinstance(rewriter, ChecksQueryString) and rewriter.overfetch_problem(
-            route, query_string
-        ):
+        if checks_query_string(rewriter) and rewriter.overfetch_problem(route, query_string):
             factor = 1.0
         return rewriter.rewrite_request(
             body,

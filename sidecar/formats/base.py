@@ -29,7 +29,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 import orjson
 
@@ -214,6 +214,36 @@ class NamesCollections(Protocol):
         """The collections (names, or patterns with ``*``) ``route``'s path names;
         None to fall back on ``/collections/{name}``."""
         ...
+
+
+def rewrites_requests(adapter: object) -> TypeGuard[RequestRewriter]:
+    """``isinstance(adapter, RequestRewriter)``, answered once per class (``_implements``)."""
+    return _implements(adapter, RequestRewriter)
+
+
+def checks_query_string(adapter: object) -> TypeGuard[ChecksQueryString]:
+    """``isinstance(adapter, ChecksQueryString)``, answered once per class."""
+    return _implements(adapter, ChecksQueryString)
+
+
+def names_collections(adapter: object) -> TypeGuard[NamesCollections]:
+    """``isinstance(adapter, NamesCollections)``, answered once per class."""
+    return _implements(adapter, NamesCollections)
+
+
+def _implements(adapter: object, protocol: type) -> bool:
+    # A runtime protocol check walks every member each time, and the request path
+    # asks per request about adapters whose classes never change (they define
+    # these methods on the class, never per instance).
+    key = (type(adapter), protocol)
+    found = _IMPLEMENTS.get(key)
+    if found is None:
+        found = _IMPLEMENTS[key] = isinstance(adapter, protocol)
+    return found
+
+
+# (adapter class, protocol) -> implements; a handful of adapter classes in all.
+_IMPLEMENTS: dict[tuple[type, type], bool] = {}
 
 
 ShapeT = TypeVar("ShapeT")

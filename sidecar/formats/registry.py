@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from sidecar.core.hits import Route, RouteKind, path_under
-from sidecar.formats.base import NamesCollections, ResponseFormat
+from sidecar.formats.base import ResponseFormat, names_collections
 from sidecar.formats.chroma import ChromaFormat
 from sidecar.formats.elasticsearch import ElasticsearchFormat
 from sidecar.formats.generic import GenericFormat
@@ -57,6 +57,8 @@ def path_collections(route: Route) -> list[str]:
 
 # For routes that several formats claim: the strictest answer wins.
 _STRICTNESS = {RouteKind.READ: 0, RouteKind.WRITE: 1, RouteKind.CONTENT: 2}
+# Routes whose classification and collections a FormatTable remembers.
+_ROUTES_KEPT = 4096
 
 
 def classify(
@@ -104,6 +106,11 @@ class FormatTable:
         for prefix, name in self._pinned.items():
             if name not in self._by_name:
                 raise ValueError(f"route {prefix!r}: no enabled format is named {name!r}")
+        # What each route is and names, remembered: every request asks three or
+        # four times, and each answer asks every format. Bounded, as paths are
+        # the client's choice.
+        self._classified: dict[Route, tuple[ResponseFormat, RouteKind] | None] = {}
+        self._named: dict[Route, tuple[str, ...]] = {}
 
     def classify(self, route: Route) -> tuple[ResponseFormat, RouteKind] | None:
         """The format that knows ``route``, and what the route does; None if none knows it.
@@ -112,6 +119,17 @@ class FormatTable:
         does not know is content: the prefix says what is behind it, so an
         unrecognised route there is not just any unknown route.
         """
+        try:
+            return self._classified[route]
+        except KeyError:
+            pass
+        found = self._classify(route)
+        if len(self._classified) >= _ROUTES_KEPT:
+            self._classified.clear()
+        self._classified[route] = found
+        return found
+
+    def _classify(self, route: Route) -> tuple[ResponseFormat, RouteKind] | None:
         formats = self.formats
         own = _longest(self._per_route, route.path)
         if own is not None:
@@ -128,18 +146,23 @@ class FormatTable:
         found = self.classify(route)
         return None if found is None else found[1]
 
-    def collections(self, route: Route) -> list[str]:
+    def collections(self, route: Route) -> tuple[str, ...]:
         """The collections (names or patterns) ``route``'s path names, for the request policy.
 
         The format that knows the route says, where it can (an Elasticsearch
         index expression); otherwise the ``/collections/{name}`` segment.
         """
-        found = self.classify(route)
-        if found is not None and isinstance(found[0], NamesCollections):
-            names = found[0].route_collections(route)
-            if names is not None:
-                return names
-        return path_collections(route)
+        named = self._named.get(route)
+        if named is None:
+            found = self.classify(route)
+            names = None
+            if found is not None and names_collections(found[0]):
+                names = found[0].route_collections(route)
+            named = tuple(path_collections(route) if names is None else names)
+            if len(self._named) >= _ROUTES_KEPT:
+                self._named.clear()
+            self._named[route] = named
+        return named
 
     def response_format(self, route: Route) -> ResponseFormat | None:
         """The format whose responses on ``route`` must be filtered, or None to pass them."""
