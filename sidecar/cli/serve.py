@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 
 from sidecar.cli.flags import add_setting_flags, settings_from_flags
 from sidecar.config import ConfigError
+from sidecar.runtime import event_loop
 from sidecar.runtime.addresses import parse_host_port
 from sidecar.runtime.bootstrap import Upstream
 from sidecar.runtime.jwks_relay import run_with_jwks_relay
@@ -40,7 +40,7 @@ def serve(args: argparse.Namespace) -> int:
     settings = settings_from_flags(args)
     run = serve_until_signalled if settings.workers == 1 else serve_workers_until_signalled
     # The relay runs here, once, not in each worker.
-    return asyncio.run(run_with_jwks_relay(settings, run))
+    return event_loop.run(run_with_jwks_relay(settings, run), settings.event_loop)
 
 
 def proxy(args: argparse.Namespace) -> int:
@@ -56,7 +56,7 @@ def proxy(args: argparse.Namespace) -> int:
         grpc_upstream = None if args.grpc_upstream is None else Upstream.parse(args.grpc_upstream)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    return asyncio.run(
+    return event_loop.run(
         run_proxy(
             settings,
             listen=listen,
@@ -64,5 +64,6 @@ def proxy(args: argparse.Namespace) -> int:
             grpc_upstream=grpc_upstream,
             envoy_concurrency=args.envoy_concurrency,
             private_socket=args.grpc_listen is None,
-        )
+        ),
+        settings.event_loop,
     )

@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from sidecar.config import Settings
+from sidecar.runtime import event_loop
 from sidecar.runtime.addresses import HostPort, UnixSocket, parse_host_port, parse_socket_address
 from sidecar.runtime.server import serve_until_signalled
 from sidecar.runtime.signals import StopSignals
@@ -101,7 +102,7 @@ def _run_worker(settings: Settings, parent: int) -> None:
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(message)s"
     )
-    asyncio.run(serve_until_signalled(settings))
+    event_loop.run(serve_until_signalled(settings), settings.event_loop)
 
 
 def _accepts(address: str) -> bool:
