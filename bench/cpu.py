@@ -47,6 +47,16 @@ def tree_cpu_seconds(root: int) -> float:
     return ticks / _TICK
 
 
+def thread_cpu_seconds(pid: int) -> float:
+    """utime + stime of process ``pid``'s main thread alone (its thread id is its pid)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    fields = text.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
 def machine_busy_seconds() -> float:
     """CPU seconds all cores spent not idle since boot (user..steal in /proc/stat)."""
     first = Path("/proc/stat").read_text().split("\n", 1)[0].split()

@@ -7,13 +7,17 @@ before the gate does anything: it answers every message at once, with an empty
 "continue" answer (request headers -> HeadersResponse, response headers ->
 HeadersResponse, response body -> BodyResponse). With ``--echo-body`` it
 replaces the response body with the same bytes, as the gate replaces it with
-the filtered one, so the copy back to Envoy is counted too.
+the filtered one, so the copy back to Envoy is counted too. With
+``--echo-request-body`` it does the same with the request body (the gate's
+push-down replaces it with the rewritten query), for a processing mode that
+sends it. It serves on the event loop the sidecar would (``--event-loop``, the
+sidecar's own choice of loop), so a faster loop is not counted as the gate's.
 
 It never reads identity, never asks a policy and never filters: do not put it
 in front of anything real.
 
-Usage: .venv/bin/python bench/floor_servicer.py [--echo-body] [--max-message-bytes N]
-       ADDRESS [ADDRESS ...]
+Usage: .venv/bin/python bench/floor_servicer.py [--echo-body] [--echo-request-body]
+       [--event-loop auto|uvloop|asyncio] [--max-message-bytes N] ADDRESS [ADDRESS ...]
 
 ADDRESS is what gRPC binds (``unix:/path`` or ``host:port``). Several addresses
 run one process each (this one serves the first and starts the others as its
@@ -36,6 +40,8 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: make `sidecar` importable
 
+from sidecar.config import EventLoopName  # noqa: E402
+from sidecar.runtime import event_loop  # noqa: E402
 from sidecar.wire import ext_proc_pb2 as ext_proc  # noqa: E402
 from sidecar.wire import ext_proc_pb2_grpc as ext_proc_grpc  # noqa: E402
 
@@ -51,8 +57,9 @@ class FloorServicer(ext_proc_grpc.ExternalProcessorServicer):
     """Answers each message with an empty continue response (``echo_body``: the body
     comes back as a body mutation with the same bytes)."""
 
-    def __init__(self, echo_body: bool) -> None:
+    def __init__(self, echo_body: bool, echo_request_body: bool = False) -> None:
         self._echo_body = echo_body
+        self._echo_request_body = echo_request_body
 
     async def Process(
         self,
@@ -75,12 +82,21 @@ class FloorServicer(ext_proc_grpc.ExternalProcessorServicer):
                 else:
                     yield _BODY
             elif kind == "request_body":
-                yield _REQUEST_BODY
+                if self._echo_request_body:
+                    common = ext_proc.CommonResponse()
+                    common.body_mutation.body = request.request_body.body
+                    yield ext_proc.ProcessingResponse(
+                        request_body=ext_proc.BodyResponse(response=common)
+                    )
+                else:
+                    yield _REQUEST_BODY
             else:
                 yield _TRAILERS
 
 
-async def serve(address: str, echo_body: bool, max_message_bytes: int) -> None:
+async def serve(
+    address: str, echo_body: bool, echo_request_body: bool, max_message_bytes: int
+) -> None:
     # The same server options as the sidecar's gRPC server (sidecar/runtime/server.py).
     server = grpc.aio.server(
         options=[
@@ -88,7 +104,9 @@ async def serve(address: str, echo_body: bool, max_message_bytes: int) -> None:
             ("grpc.max_send_message_length", max_message_bytes),
         ]
     )
-    ext_proc_grpc.add_ExternalProcessorServicer_to_server(FloorServicer(echo_body), server)
+    ext_proc_grpc.add_ExternalProcessorServicer_to_server(
+        FloorServicer(echo_body, echo_request_body), server
+    )
     if server.add_insecure_port(address) == 0 and not address.startswith("unix:"):
         raise OSError(f"cannot listen on {address}")
     await server.start()
@@ -108,17 +126,29 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("addresses", nargs="+", help="unix:/path or host:port, one per process")
     parser.add_argument("--echo-body", action="store_true", help="send the body back unchanged")
+    parser.add_argument(
+        "--echo-request-body", action="store_true", help="send the request body back unchanged"
+    )
+    parser.add_argument(
+        "--event-loop", choices=[e.value for e in EventLoopName], default=EventLoopName.AUTO.value
+    )
     parser.add_argument("--max-message-bytes", type=int, default=4 * 1024 * 1024 + 256 * 1024)
     args = parser.parse_args()
-    options = ["--max-message-bytes", str(args.max_message_bytes)]
+    options = ["--max-message-bytes", str(args.max_message_bytes), "--event-loop", args.event_loop]
     options += ["--echo-body"] if args.echo_body else []
+    options += ["--echo-request-body"] if args.echo_request_body else []
     # Started before this process creates any gRPC state (gRPC does not survive a fork).
     children = [
         subprocess.Popen([sys.executable, __file__, *options, address], preexec_fn=_die_with_parent)
         for address in args.addresses[1:]
     ]
     try:
-        asyncio.run(serve(args.addresses[0], args.echo_body, args.max_message_bytes))
+        event_loop.run(
+            serve(
+                args.addresses[0], args.echo_body, args.echo_request_body, args.max_message_bytes
+            ),
+            EventLoopName(args.event_loop),
+        )
     finally:
         for child in children:
             child.terminate()

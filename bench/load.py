@@ -26,25 +26,50 @@ _REQUESTS = re.compile(r"^\s+(\d+) requests in ", re.M)
 _NON_2XX = re.compile(r"Non-2xx or 3xx responses:\s+(\d+)")
 _SOCKET_ERRORS = re.compile(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)")
 _TO_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
+_PERCENTILE = re.compile(r"^PCT ([\d.]+) (\d+)$", re.M)
 
 # The numbers summarised as medians over rounds.
 KEYS = ("rps", "p50_ms", "p90_ms", "p99_ms")
+# The latency distribution a run reports under LATENCY: (percentile, µs) pairs at these
+# percentiles, 100 being the slowest request. wrk's --latency table has four points only.
+LATENCY = "latency_us"
+PERCENTILES = (1, 5, 10, 20, 30, 40, 50, 60, 70, 75, 80, 85, 90, 95, 97.5, 99, 99.5, 99.9, 100)
+
+# One wrk run, or the medians of rounds: floats by name, and the distribution under LATENCY.
+Run = dict[str, Any]
+
+# wrk calls done() once, with every thread's latencies merged. Its percentile(100) is 0
+# (wrk 4.1 looks for rank count + 1), so the slowest request is latency.max.
+_DONE = """
+done = function(summary, latency, requests)
+  for _, p in ipairs({%s}) do
+    local us = p == 100 and latency.max or latency:percentile(p)
+    io.write(string.format("PCT %%g %%d\\n", p, us))
+  end
+end
+"""
 
 
 def write_script(path: Path) -> Path:
-    """The wrk Lua script that sends the search as the caller."""
+    """The wrk Lua script that sends the search as the caller and prints, at the end, the
+    latency at each of PERCENTILES (lines ``PCT <percentile> <µs>``)."""
     lines = ['wrk.method = "POST"', f"wrk.body = '{SEARCH_BODY}'"]
     lines += [f'wrk.headers["{k}"] = "{v}"' for k, v in CALLER_HEADERS.items()]
-    path.write_text("\n".join(lines) + "\n")
+    lines.append(_DONE % ", ".join(f"{p:g}" for p in PERCENTILES))
+    path.write_text("\n".join(lines))
     return path
 
 
-def parse_wrk(output: str) -> dict[str, float]:
-    """requests/s, p50/p90/p99 (ms), requests, non-2xx and socket errors from `wrk --latency`."""
-    result = {f"p{p}_ms": float(v) * _TO_MS[u] for p, v, u in _LATENCY.findall(output)}
+def parse_wrk(output: str) -> Run:
+    """requests/s, p50/p90/p99 (ms), requests, non-2xx and socket errors from `wrk --latency`,
+    and the latency distribution (LATENCY) printed by write_script's done()."""
+    result: Run = {f"p{p}_ms": float(v) * _TO_MS[u] for p, v, u in _LATENCY.findall(output)}
+    distribution = tuple((float(p), float(us)) for p, us in _PERCENTILE.findall(output))
     rps, requests = _RPS.search(output), _REQUESTS.search(output)
-    if rps is None or requests is None or len(result) != 3:
+    seen = tuple(p for p, _ in distribution)
+    if rps is None or requests is None or len(result) != 3 or seen != PERCENTILES:
         raise RuntimeError(f"unexpected wrk output:\n{output}")
+    result[LATENCY] = distribution
     result["rps"] = float(rps.group(1))
     result["requests"] = float(requests.group(1))
     non_2xx = _NON_2XX.search(output)
@@ -54,7 +79,7 @@ def parse_wrk(output: str) -> dict[str, float]:
     return result
 
 
-def run_wrk(url: str, connections: int, seconds: float, script: Path) -> dict[str, float]:
+def run_wrk(url: str, connections: int, seconds: float, script: Path) -> Run:
     command = [
         "wrk",
         f"-t{min(connections, 2)}",
@@ -77,14 +102,14 @@ def measure(
     seconds: float,
     script: Path,
     cpu_of: Mapping[str, Callable[[], float]],
-) -> dict[str, float]:
+) -> Run:
     """One wrk run, plus CPU seconds per 1,000 responses for each watched process
     (``cpu_of``: name -> cumulative CPU seconds) and for wrk itself, and the CPU
     that everything else on the machine used meanwhile (``other_cores``: the
     noise from other jobs on a shared machine, in cores)."""
     before = {name: read() for name, read in cpu_of.items()}
     busy, wrk_cpu, wall = machine_busy_seconds(), reaped_children_seconds(), time.monotonic()
-    run: dict[str, float] = run_wrk(url, connections, seconds, script)
+    run = run_wrk(url, connections, seconds, script)
     wall = time.monotonic() - wall
     wrk_cpu = reaped_children_seconds() - wrk_cpu
     busy = machine_busy_seconds() - busy
@@ -97,14 +122,30 @@ def measure(
     return run
 
 
-def medians(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Median of every numeric field over rounds; errors are summed, not medianed."""
-    summary = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+def medians(runs: Sequence[Mapping[str, Any]]) -> Run:
+    """Median of every numeric field over rounds, and of each percentile of the latency
+    distribution; errors are summed, not medianed."""
+    summary: Run = {
+        key: statistics.median(r[key] for r in runs) for key in runs[0] if key != LATENCY
+    }
+    summary[LATENCY] = median_distribution([r[LATENCY] for r in runs])
     for key in ("non_2xx", "socket_errors", "requests"):
         summary[key] = sum(r[key] for r in runs)
     rps = [r["rps"] for r in runs]
     summary["rps_spread_pct"] = 100 * (max(rps) - min(rps)) / max(statistics.median(rps), 1e-9)
     return summary
+
+
+def median_distribution(
+    distributions: Sequence[Sequence[tuple[float, float]]],
+) -> tuple[tuple[float, float], ...]:
+    """Per percentile, the median latency over rounds (every round has the same percentiles)."""
+    percentiles = [p for p, _ in distributions[0]]
+    if any([p for p, _ in d] != percentiles for d in distributions):
+        raise ValueError("the rounds' latency distributions are at different percentiles")
+    return tuple(
+        (p, statistics.median(d[i][1] for d in distributions)) for i, p in enumerate(percentiles)
+    )
 
 
 def compare(envoy: Mapping[str, float], gate: Mapping[str, float]) -> dict[str, Any]:

@@ -103,7 +103,58 @@ def judge(results: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 # The targets a per-request ext_proc design answers for, whatever the gate does inside.
-FLOOR_PATHS = ("gate", "floor", "floor+body", "floor 1 msg")
+FLOOR_PATHS = ("gate", "floor", "floor+body", "floor 4 msg", "floor 1 msg")
+
+
+def gate_over_floor(floor: Mapping[str, Any], conns: str) -> tuple[str, Mapping[str, float]]:
+    """(the floor's name, the gate's cost over it) at ``conns``; runs before issue 15
+    compared with floor+body, which had the gate's messages then."""
+    at = floor["connections"][conns]
+    if "gate_over_floor" in at:
+        return floor.get("matched_floor", "floor 4 msg"), at["gate_over_floor"]
+    return "floor+body", at["gate_over_floor_body"]
+
+
+def judge_round_two(results: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Issue 15's targets, from the floor section's interleaved rounds: the gate's own CPU
+    above the floor with its messages at 1 and 8 connections, added p50 at 1 connection
+    and throughput against Envoy alone at 8 connections."""
+    floor = results.get("floor", {})
+    conns = floor.get("connections", {})
+    if "1" not in conns or "8" not in conns:
+        return []
+    targets = []
+    for c in ("1", "8"):
+        name, over = gate_over_floor(floor, c)
+        targets.append(
+            {
+                "target": f"gate's own CPU above {name}, {c} connection{'s' if c != '1' else ''}",
+                "limit": "<= 200 µs",
+                "measured": over["sidecar_cpu_us"],
+                "unit": "µs",
+                "met": over["sidecar_cpu_us"] <= 200,
+            }
+        )
+    one, eight = conns["1"]["paths"]["gate"]["compare"], conns["8"]["paths"]["gate"]["compare"]
+    targets.append(
+        {
+            "target": "added p50, 1 connection",
+            "limit": "<= 1.2 ms",
+            "measured": one["added_p50_ms"],
+            "unit": "ms",
+            "met": one["added_p50_ms"] <= 1.2,
+        }
+    )
+    targets.append(
+        {
+            "target": "gate / Envoy alone throughput, 8 connections",
+            "limit": ">= 20%",
+            "measured": 100 * eight["rps_ratio"],
+            "unit": "%",
+            "met": eight["rps_ratio"] >= 0.20,
+        }
+    )
+    return targets
 
 
 def judge_floor(results: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -201,14 +252,15 @@ def _floor(
                 f"| {1000 * g['sidecar_cpu_s_per_1k']:,.0f} "
                 f"| {1000 * g['front_envoy_cpu_s_per_1k']:,.0f} |"
             )
+    name = gate_over_floor(floor, next(iter(floor["connections"])))[0]
     over = [
         f"{conns} connection{'s' if conns != '1' else ''}: {o['p50_ms']:+.2f} ms p50, "
         f"{o['p99_ms']:+.2f} ms p99, {o['sidecar_cpu_us']:+,.0f} µs sidecar CPU per response, "
         f"{o['rps_ratio']:.0%} of its requests/s"
-        for conns, f in floor["connections"].items()
-        for o in (f["gate_over_floor_body"],)
+        for conns in floor["connections"]
+        for o in (gate_over_floor(floor, conns)[1],)
     ]
-    out += ["", "The gate over floor+body (its own work): " + "; ".join(over) + ".", ""]
+    out += ["", f"The gate over {name} (its own work): " + "; ".join(over) + ".", ""]
     if targets:
         out += [
             "Against the issue's targets (same rounds; bold: not met):",
@@ -226,6 +278,53 @@ def _floor(
             ]
             out.append(f"| {t['path']} | " + " | ".join(cells) + " |")
         out.append("")
+    return out
+
+
+def _pieces(p: Mapping[str, Any]) -> list[str]:
+    out = [
+        f"**Where the sidecar's CPU goes** ({p['workload']}, hot cache; py-spy `--gil` at "
+        f"{p['rate_hz']} Hz under wrk load, {p['rounds']} x {p['seconds']} s per path and "
+        f"connection count, medians; µs per response; floor: {p['floor_name']})",
+        "",
+        "| piece | gate, 1 conn | floor, 1 conn | gate, 8 conns | floor, 8 conns |",
+        "|---|---|---|---|---|",
+    ]
+    gate, floor = p["gate"], p["floor"]
+    for name in gate["1"]["pieces"]:
+        cells = [
+            f"{run[c]['pieces'].get(name, 0.0):,.0f}" for c in ("1", "8") for run in (gate, floor)
+        ]
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    totals = [f"**{run[c]['cpu_us']:,.0f}**" for c in ("1", "8") for run in (gate, floor)]
+    out.append("| **sidecar CPU in all** | " + " | ".join(totals) + " |")
+    above = [
+        f"{c} connection{'s' if c != '1' else ''}: "
+        f"{gate[c]['cpu_us'] - floor[c]['cpu_us']:+,.0f} µs"
+        for c in ("1", "8")
+    ]
+    out += ["", "The gate above the floor in these runs: " + "; ".join(above) + ".", ""]
+    return out
+
+
+def _sweep(s: Mapping[str, Any]) -> list[str]:
+    out = [
+        f"**Throughput against connections** ({s['workload']}, hot cache; Envoy alone, "
+        f"{s['floor']} and the gate interleaved per connection count)",
+        "",
+        "| conns | alone req/s | floor req/s | gate req/s | gate / alone | gate p50 / p99 "
+        "| sidecar CPU (µs) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    paths = s["paths"]
+    for i, c in enumerate(s["connections"]):
+        e, f, g = paths["envoy"][i], paths["floor"][i], paths["gate"][i]
+        out.append(
+            f"| {c} | {e['rps']:,.0f} | {f['rps']:,.0f} | {g['rps']:,.0f} "
+            f"| {g['rps'] / e['rps']:.1%} | {g['p50_ms']:.2f} / {g['p99_ms']:.2f} "
+            f"| {1000 * g['sidecar_cpu_s_per_1k']:,.0f} |"
+        )
+    out.append("")
     return out
 
 
@@ -278,6 +377,13 @@ def markdown(report: Mapping[str, Any]) -> str:
         out.append("")
     if "floor" in r:
         out += _floor(r["floor"], report["plan"], report.get("floor_targets") or judge_floor(r))
+    if "pieces" in r:
+        if "skipped" in r["pieces"]:
+            out += [f"**Pieces**: skipped ({r['pieces']['skipped']})", ""]
+        else:
+            out += _pieces(r["pieces"])
+    if "sweep" in r:
+        out += _sweep(r["sweep"])
     pg = r.get("postgres", {})
     if "skipped" in pg:
         out += [f"**PostgreSQL**: skipped ({pg['skipped']})", ""]
@@ -324,20 +430,28 @@ def markdown(report: Mapping[str, Any]) -> str:
         out.append("")
     elif core:
         out += [f"**Decision core alone**: {core.get('skipped') or core.get('error')}", ""]
-    if report["targets"]:
-        out += ["**Targets** (issue 6)", "", "| target | limit | measured | |", "|---|---|---|---|"]
-    for t in report["targets"]:
-        verdict = {True: "met", False: "**not met**", None: "not measured"}[t["met"]]
-        measured = "n/a" if t["measured"] is None else f"{t['measured']:,.2f} {t['unit']}".strip()
-        note = f" ({t['note']})" if t["note"] else ""
-        out.append(f"| {t['target']}{note} | {t['limit']} | {measured} | {verdict} |")
+    out += _targets("**Targets** (issue 6)", report["targets"])
+    out += _targets("**Targets, round two** (issue 15)", report.get("round_two_targets") or [])
     if report["anomalies"]:
         out += ["", "Anomalies:", *(f"- {a}" for a in report["anomalies"])]
     return "\n".join(out) + "\n"
+
+
+def _targets(title: str, targets: list[dict[str, Any]]) -> list[str]:
+    if not targets:
+        return []
+    out = ["", title, "", "| target | limit | measured | |", "|---|---|---|---|"]
+    for t in targets:
+        verdict = {True: "met", False: "**not met**", None: "not measured"}[t["met"]]
+        measured = "n/a" if t["measured"] is None else f"{t['measured']:,.2f} {t['unit']}".strip()
+        note = f" ({t['note']})" if t.get("note") else ""
+        out.append(f"| {t['target']}{note} | {t['limit']} | {measured} | {verdict} |")
+    return out
 
 
 if __name__ == "__main__":
     saved = json.loads(Path(sys.argv[1]).read_text())
     saved["targets"] = judge(saved["results"])
     saved["floor_targets"] = judge_floor(saved["results"])
+    saved["round_two_targets"] = judge_round_two(saved["results"])
     print(markdown(saved), end="")

@@ -383,6 +383,7 @@ def start_floor(
     *,
     probe_path: str,
     echo_body: bool,
+    echo_request_body: bool = False,
     processing_mode: Mapping[str, str] | None = None,
     workers: int = 1,
     envoy_concurrency: int = 1,
@@ -400,6 +401,7 @@ def start_floor(
     command = [sys.executable, str(FLOOR_SERVICER)]
     command += ["--max-message-bytes", str(settings.grpc_max_message_bytes)]
     command += ["--echo-body"] if echo_body else []
+    command += ["--echo-request-body"] if echo_request_body else []
     addresses = worker_addresses(settings.grpc_listen, workers)
     command += addresses
     # "-sidecar" in the log name: Processes.warnings() reports what it logged.
@@ -414,7 +416,12 @@ def start_floor(
         f"http://127.0.0.1:{gated}",
         f"http://127.0.0.1:{plain}",
         "",
-        {**config, "echo_body": echo_body, "processing_mode": dict(processing_mode or {})},
+        {
+            **config,
+            "echo_body": echo_body,
+            "echo_request_body": echo_request_body,
+            "processing_mode": dict(processing_mode or {}),
+        },
         _endpoints(bootstrap, SIDECAR_CLUSTER),
     )
 

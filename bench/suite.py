@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,10 +42,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pieces
 from cpu import postmaster_pid, tree_cpu_seconds
 from load import SEARCH_BODY, compare, measure, medians, write_script
 from machine import describe
-from report import judge, judge_floor, markdown
+from report import judge, judge_floor, judge_round_two, markdown
 from stack import (
     GateStack,
     Processes,
@@ -61,7 +63,7 @@ from workloads import ALL, HEADLINE, SCALING, Workload
 from sidecar.runtime.ports import free_port
 
 BENCH = Path(__file__).resolve().parent
-SECTIONS = ("headline", "scaling", "floor", "postgres", "core")
+SECTIONS = ("headline", "scaling", "floor", "pieces", "sweep", "postgres", "core")
 HOT = {"cache_ttl_seconds": 3600.0}
 # Every response is one store round trip: a TTL must be > 0, and a record kept for
 # 1 ms has expired before the next request at one connection (~3 ms apart).
@@ -77,7 +79,12 @@ class Floor:
     echo_body: bool  # the body goes back to Envoy (as the gate's filtered body does)
     processing_mode: Mapping[str, str]  # overrides of the gate's processing mode
     what: str
+    echo_request_body: bool = False  # the request body too (as the gate's push-down does)
 
+
+# The gate's searches push the tenant down (the default): request headers, request
+# body, response headers, response body. Its own work is measured above this floor.
+MATCHED_FLOOR = "floor 4 msg"
 
 FLOORS = (
     Floor("floor", 3, False, {}, "the gate's processing mode, empty continue answers"),
@@ -87,6 +94,15 @@ FLOORS = (
         True,
         {},
         "the gate's processing mode, the body sent back unchanged",
+    ),
+    Floor(
+        "floor 4 msg",
+        4,
+        True,
+        {"request_body_mode": "BUFFERED"},
+        "the gate's processing mode with the request body sent too, both bodies sent back "
+        "unchanged: what the gate does on a search with tenant push-down (the default)",
+        echo_request_body=True,
     ),
     Floor(
         "floor 1 msg",
@@ -110,12 +126,18 @@ class Plan:
     warmup_seconds: int
     floor_seconds: int
     floor_rounds: int
+    pieces_seconds: int
+    pieces_rounds: int
+    sweep_seconds: int
+    sweep_rounds: int
 
 
 PLANS = {
-    "full": Plan(15, 5, 10, 3, 10, 5, 2, floor_seconds=10, floor_rounds=4),
-    "quick": Plan(5, 2, 3, 1, 4, 2, 1, floor_seconds=3, floor_rounds=2),
+    "full": Plan(15, 5, 10, 3, 10, 5, 2, 10, 4, 10, 3, 8, 2),
+    "quick": Plan(5, 2, 3, 1, 4, 2, 1, 3, 2, 4, 1, 3, 1),
 }
+# Connection counts of the sweep section (throughput against connections).
+SWEEP = (1, 2, 4, 8, 16)
 
 
 @dataclass(frozen=True)
@@ -154,6 +176,7 @@ class Setup:
             self.upstream_port,
             probe_path=HEADLINE.path,
             echo_body=floor.echo_body,
+            echo_request_body=floor.echo_request_body,
             processing_mode=floor.processing_mode,
             workers=int(self.sidecar_options.get("workers", 1)),
             envoy_concurrency=self.envoy_concurrency,
@@ -346,19 +369,119 @@ def floor(runner: Runner, setup: Setup, gate: GateStack) -> dict[str, Any]:
             key: {"run": summary[f"{key} c{c}"], "compare": compare(envoy, summary[f"{key} c{c}"])}
             for key in paths
         }
-        g, fb = measured["gate"]["run"], measured["floor+body"]["run"]
+        g, fm = measured["gate"]["run"], measured[MATCHED_FLOOR]["run"]
         result["connections"][str(c)] = {
             "envoy": envoy,
             "paths": measured,
-            # What the gate's own work adds on top of the same design doing nothing.
-            "gate_over_floor_body": {
-                "p50_ms": g["p50_ms"] - fb["p50_ms"],
-                "p99_ms": g["p99_ms"] - fb["p99_ms"],
-                "sidecar_cpu_us": 1000 * (g["sidecar_cpu_s_per_1k"] - fb["sidecar_cpu_s_per_1k"]),
-                "rps_ratio": g["rps"] / fb["rps"],
+            # What the gate's own work adds on top of the same design, with the same
+            # messages, doing nothing.
+            "gate_over_floor": {
+                "p50_ms": g["p50_ms"] - fm["p50_ms"],
+                "p99_ms": g["p99_ms"] - fm["p99_ms"],
+                "sidecar_cpu_us": 1000 * (g["sidecar_cpu_s_per_1k"] - fm["sidecar_cpu_s_per_1k"]),
+                "rps_ratio": g["rps"] / fm["rps"],
             },
         }
+    result["matched_floor"] = MATCHED_FLOOR
     return result
+
+
+def matched_floor(setup: Setup) -> tuple[Floor, GateStack]:
+    """The floor with the gate's messages (MATCHED_FLOOR), started and checked."""
+    spec = next(f for f in FLOORS if f.key == MATCHED_FLOOR)
+    stack = setup.floor(spec)
+    check_filtering(stack, HEADLINE, admitted=HEADLINE.chunks)
+    return spec, stack
+
+
+def pieces_section(runner: Runner, setup: Setup, gate: GateStack) -> dict[str, Any]:
+    """Per-piece CPU per response under wrk load (bench/pieces.py), for the gate and the
+    matched floor, at 1 and 8 connections; medians over interleaved rounds."""
+    missing = pieces.available()
+    if missing is not None:
+        return {"skipped": missing}
+    if int(setup.sidecar_options.get("workers", 1)) != 1:
+        return {"skipped": "pieces are sampled in one sidecar process: run without --workers"}
+    plan = runner.plan
+    _, floor_stack = matched_floor(setup)
+    try:
+        stacks = {"gate": gate, "floor": floor_stack}
+        runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for n in range(plan.pieces_rounds):
+            order = list(stacks.items()) if n % 2 == 0 else list(reversed(stacks.items()))
+            for c in (1, 8):
+                for key, stack in order:
+                    run = pieces.profile(
+                        stack.gated + HEADLINE.path,
+                        c,
+                        plan.pieces_seconds,
+                        runner.script,
+                        stack.sidecar.pid,
+                    )
+                    runs.setdefault((key, c), []).append(run)
+                    log(
+                        f"[pieces] {n + 1}/{plan.pieces_rounds} {key:<6} c{c}  "
+                        f"{run['cpu_us']:,.0f} µs CPU, {run['main_thread_us']:,.0f} main thread, "
+                        f"{run['sampled_us']:,.0f} sampled "
+                        f"({run['samples']} samples)"
+                    )
+    finally:
+        setup.stop(floor_stack)
+    result: dict[str, Any] = {
+        "workload": f"{HEADLINE.chunks} chunks x {HEADLINE.text_bytes} B",
+        "floor_name": MATCHED_FLOOR,
+        "rate_hz": pieces.RATE_HZ,
+        "seconds": plan.pieces_seconds,
+        "rounds": plan.pieces_rounds,
+    }
+    for key in stacks:
+        result[key] = {str(c): _median_pieces(runs[(key, c)]) for c in (1, 8)}
+    result["gate_above_floor"] = {
+        str(c): pieces.above(result["gate"][str(c)], result["floor"][str(c)]) for c in (1, 8)
+    }
+    return result
+
+
+def _median_pieces(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    names = list(runs[0]["pieces"])
+    return {
+        "cpu_us": statistics.median(r["cpu_us"] for r in runs),
+        "main_thread_us": statistics.median(r["main_thread_us"] for r in runs),
+        "sampled_us": statistics.median(r["sampled_us"] for r in runs),
+        "rps": statistics.median(r["rps"] for r in runs),
+        "samples": sum(r["samples"] for r in runs),
+        "pieces": {n: statistics.median(r["pieces"][n] for r in runs) for n in names},
+    }
+
+
+def sweep(runner: Runner, setup: Setup, gate: GateStack) -> dict[str, Any]:
+    """Throughput and latency against connections (SWEEP) for Envoy alone, the matched
+    floor and the gate, interleaved per connection count."""
+    plan = runner.plan
+    _, floor_stack = matched_floor(setup)
+    try:
+        paths: dict[str, list[dict[str, float]]] = {"envoy": [], "floor": [], "gate": []}
+        for c in SWEEP:
+            cases = [
+                Case("envoy", gate.plain + HEADLINE.path, c, gate_cpu(gate)),
+                Case("floor", floor_stack.gated + HEADLINE.path, c, gate_cpu(floor_stack)),
+                Case("gate", gate.gated + HEADLINE.path, c, gate_cpu(gate)),
+            ]
+            runner.warm_up(cases)
+            summary = runner.summarise(
+                f"sweep c{c}",
+                runner.rounds(f"sweep c{c}", cases, plan.sweep_rounds, plan.sweep_seconds),
+            )
+            for key in paths:
+                paths[key].append(summary[key])
+    finally:
+        setup.stop(floor_stack)
+    return {
+        "workload": f"{HEADLINE.chunks} chunks x {HEADLINE.text_bytes} B",
+        "floor": MATCHED_FLOOR,
+        "connections": list(SWEEP),
+        "paths": paths,
+    }
 
 
 def store_counters(stack: GateStack) -> dict[str, float]:
@@ -477,6 +600,11 @@ def main() -> int:
         help="PostgreSQL URL of a database to create the scratch database from",
     )
     parser.add_argument("--out", type=Path, help="JSON results (default: bench/results/<date>-...)")
+    parser.add_argument(
+        "--update-docs",
+        action="store_true",
+        help="write the charts into docs/charts/ and the tables into docs/benchmarks.md",
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         log("wrk not found: apt-get install -y wrk")
@@ -504,7 +632,7 @@ def main() -> int:
             )
             runner.always["upstream_envoy"] = lambda: tree_cpu_seconds(upstream.pid)
             setup = Setup(processes, upstream_port, options, args.envoy_concurrency)
-            if {"headline", "scaling", "floor"} & set(args.sections):
+            if {"headline", "scaling", "floor", "pieces", "sweep"} & set(args.sections):
                 store = f"sqlite:///{workdir / 'gate.db'}"
                 load_store(store, [r for w in ALL for r in w.records()], workdir)
                 stack = setup.gate("sqlite-hot", {"store": store, **HOT})
@@ -515,6 +643,10 @@ def main() -> int:
                     results["scaling"] = scaling(runner, stack)
                 if "floor" in args.sections:
                     results["floor"] = floor(runner, setup, stack)
+                if "pieces" in args.sections:
+                    results["pieces"] = pieces_section(runner, setup, stack)
+                if "sweep" in args.sections:
+                    results["sweep"] = sweep(runner, setup, stack)
                 setup.stop(stack)
             if "postgres" in args.sections:
                 results["postgres"] = postgres(runner, setup, args.pg_url)
@@ -543,6 +675,7 @@ def main() -> int:
         "results": results,
         "targets": judge(results),
         "floor_targets": judge_floor(results),
+        "round_two_targets": judge_round_two(results),
         "anomalies": runner.anomalies,
         "sidecar_warnings": logs,
     }
@@ -550,7 +683,39 @@ def main() -> int:
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(markdown(report))
     log(f"written to {out} after {report['duration_seconds']} s")
+    if args.update_docs:
+        update_docs(report, out)
     return 0
+
+
+DOCS = BENCH.parent / "docs"
+# The part of docs/benchmarks.md that `--update-docs` rewrites.
+BEGIN, END = "<!-- suite results: begin -->", "<!-- suite results: end -->"
+
+
+def update_docs(report: Mapping[str, Any], saved: Path) -> None:
+    """Charts into docs/charts/, and the report's tables (with the charts) between the
+    markers of docs/benchmarks.md."""
+    from charts import write_charts
+
+    written = write_charts(report, DOCS / "charts")
+    page = DOCS / "benchmarks.md"
+    text = page.read_text()
+    if BEGIN not in text or END not in text:
+        raise RuntimeError(f"{page}: no {BEGIN} ... {END} section to rewrite")
+    where = saved.resolve().relative_to(BENCH.parent) if saved.is_absolute() else saved
+    body = [
+        f"Results: `{where}` ({report['duration_seconds']:,} s). Written by "
+        "`bench/suite.py --update-docs`; edit the text around the markers, not between them.",
+        "",
+        markdown(report).rstrip("\n"),
+        "",
+        *(f"![{path.stem}](charts/{path.name})" for path in written),
+    ]
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    page.write_text(head + BEGIN + "\n" + "\n".join(body) + "\n" + END + tail)
+    log(f"updated {page} and {len(written)} charts in {DOCS / 'charts'}")
 
 
 if __name__ == "__main__":
