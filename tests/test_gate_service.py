@@ -1,17 +1,20 @@
 """The gate's own gRPC service, `retrieval_gate.v1.Gate/Filter`, on a real `retrieval-gate serve`.
 
 The caller comes from the JWT in the call's metadata only; the decisions, the
-audit record and the metrics are those of the Envoy path.
+audit record and the metrics are those of the Envoy path. A record the caller
+may not read is answered as an id the store does not have.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
+from sidecar.envoy.gate_service import told_reasons
 from sidecar.integrations.client import GateClient, GateError
 from sidecar.wire import gate_pb2, gate_pb2_grpc
 from tests.fixtures import tokens
@@ -19,11 +22,16 @@ from tests.fixtures.gate_service import (
     ADMITTED_IDS,
     COLLECTION,
     INDEX,
+    SECRET,
     gate_client,
     jwt,
     start_gate,
 )
+from tests.fixtures.records import text_for
 from tests.harness import GateStack
+
+# An id no record of the stack has.
+UNKNOWN_ID = "no-such-chunk"
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +46,14 @@ def client(stack: GateStack) -> Iterator[GateClient]:
     gate.close()
 
 
-def _raw_filter(stack: GateStack, metadata: tuple[tuple[str, str], ...]) -> gate_pb2.FilterResponse:
+def _raw_filter(
+    stack: GateStack,
+    metadata: tuple[tuple[str, str], ...],
+    candidates: Sequence[tuple[str, str]] = INDEX,
+) -> gate_pb2.FilterResponse:
     with grpc.insecure_channel(f"unix:{stack.socket}") as channel:
         request = gate_pb2.FilterRequest(
-            candidates=[gate_pb2.Candidate(id=cid, text=text) for cid, text in INDEX],
+            candidates=[gate_pb2.Candidate(id=cid, text=text) for cid, text in candidates],
             collection=COLLECTION,
         )
         response: gate_pb2.FilterResponse = gate_pb2_grpc.GateStub(channel).Filter(
@@ -56,10 +68,91 @@ def test_decisions_reasons_and_decision_id(client: GateClient) -> None:
     assert admitted == ADMITTED_IDS
     reasons = dict(zip((cid for cid, _ in INDEX), decisions.reasons, strict=True))
     assert reasons["ok-1"] == ()
-    assert "TENANT_MISMATCH" in reasons["other-tenant"]
-    assert "HASH_MISMATCH" in reasons["tampered"]
-    assert reasons["draft"] != ()
+    # Another tenant's record is answered as an unknown id; the caller's own
+    # records with what is wrong with them.
+    assert reasons["other-tenant"] == ("MISSING_METADATA",)
+    assert reasons["tampered"] == ("HASH_MISMATCH",)
+    assert reasons["draft"] == ("STATUS_DRAFT",)
     assert len(decisions.decision_id) == 32
+
+
+@pytest.mark.parametrize(
+    ("claims", "chunk_id", "denial"),
+    [
+        ({"groups": ["qa"]}, "other-tenant", "TENANT_MISMATCH"),
+        ({"tenant": "globex", "groups": ["qa"]}, "draft", "TENANT_MISMATCH"),
+        ({"tenant": "globex", "groups": ["qa"]}, "tampered", "TENANT_MISMATCH"),
+        ({"groups": ["sales"]}, "ok-1", "PRINCIPAL_MISMATCH"),
+        ({"groups": ["sales"]}, "draft", "PRINCIPAL_MISMATCH"),
+    ],
+    ids=[
+        "other-tenants-record",
+        "other-tenants-draft",
+        "other-tenants-record-holding-its-text",
+        "own-tenant-other-principals",
+        "own-tenant-other-principals-draft",
+    ],
+)
+def test_a_record_the_caller_may_not_read_is_answered_as_an_unknown_id(
+    stack: GateStack, claims: dict[str, Any], chunk_id: str, denial: str
+) -> None:
+    """No existence or content oracle: a wrong guess, the right text and an unknown id
+    get byte-identical answers; the audit record keeps every reason."""
+    metadata = (("authorization", f"Bearer {tokens.token(SECRET, tokens.claims(**claims))}"),)
+    right = text_for(chunk_id)
+    guesses = [(chunk_id, "a wrong guess"), (chunk_id, right), (UNKNOWN_ID, right)]
+    answers = []
+    decision_ids = []
+    for sent_id, text in guesses:
+        response = _raw_filter(stack, metadata, [(sent_id, text)])
+        assert [d.id for d in response.decisions] == [sent_id]
+        decision_ids.append(response.decision_id)
+        # What differs by construction: the caller's own id, echoed, and the audit key.
+        response.decisions[0].ClearField("id")
+        response.ClearField("decision_id")
+        answers.append(response.SerializeToString(deterministic=True))
+    assert answers[0] == answers[1] == answers[2]
+    (answer,) = gate_pb2.FilterResponse.FromString(answers[0]).decisions
+    assert (answer.admitted, list(answer.reasons)) == (False, ["MISSING_METADATA"])
+
+    records = {r["decision_id"]: r for r in stack.audit_records()}
+    wrong, matching, unknown = (records[i]["rejected"][0]["reasons"] for i in decision_ids)
+    assert denial in wrong and "HASH_MISMATCH" in wrong
+    assert denial in matching and "HASH_MISMATCH" not in matching
+    assert unknown == ["MISSING_METADATA"]
+
+
+@pytest.mark.parametrize(
+    "reasons",
+    [
+        ("POLICY_ERROR",),
+        ("HASH_MISMATCH", "POLICY_ERROR"),
+        ("POLICY_DENY",),
+        ("CLEARANCE_TOO_LOW",),
+        ("TENANT_MISMATCH", "STATUS_DRAFT", "HASH_MISMATCH"),
+    ],
+)
+def test_reasons_that_do_not_prove_the_right_to_read_say_unknown_id(
+    reasons: tuple[str, ...],
+) -> None:
+    """An undecided policy, a bare deny or an operator's reason may hide a denial."""
+    assert told_reasons(reasons) == ("MISSING_METADATA",)
+
+
+@pytest.mark.parametrize(
+    "reasons",
+    [
+        (),
+        ("MALFORMED_CHUNK",),
+        ("METADATA_UNAVAILABLE",),
+        ("STATUS_REVOKED", "HASH_MISMATCH"),
+        ("EXPIRED", "SIGNATURE_MISSING"),
+    ],
+)
+def test_reasons_about_the_candidate_or_a_readable_record_are_told(
+    reasons: tuple[str, ...],
+) -> None:
+    assert told_reasons(reasons) == reasons
 
 
 def test_audit_record_and_metrics(stack: GateStack, client: GateClient) -> None:
@@ -77,6 +170,9 @@ def test_audit_record_and_metrics(stack: GateStack, client: GateClient) -> None:
     assert record["candidates"] == [cid for cid, _ in INDEX]
     drift = {entry["chunk_id"]: entry.get("drift") for entry in record["rejected"]}
     assert drift["tampered"] == "injection"
+    # The record keeps the reason the caller is not told.
+    kept = {entry["chunk_id"]: entry["reasons"] for entry in record["rejected"]}
+    assert kept["other-tenant"] == ["TENANT_MISMATCH"]
     after = stack.metric(
         'retrieval_gate_chunks_total{collection="sops",decision="rejected",'
         'format="gate",reason="HASH_MISMATCH"}'

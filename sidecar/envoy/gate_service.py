@@ -7,7 +7,9 @@ Bearer <jwt>`` for identity ``jwt``), established by a
 and request policy; no field of the request names a tenant or a principal.
 The candidates are decided, released and recorded by the same
 :class:`~sidecar.enforcement.response_filter.ResponseFilter` as a search body
-on the Envoy path: same policy, metrics and audit records.
+on the Envoy path: same policy, metrics and audit records. The audit record
+keeps every reason; the caller is told them only for records it may read
+(:func:`told_reasons`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import grpc
 from sidecar import refusals
 from sidecar.access import AccessDenied, RequestAccess, RequestPolicyEvaluator
 from sidecar.core.hits import Candidate, Route, RouteKind
+from sidecar.core.reasons import Reason
 from sidecar.enforcement.response_filter import ResponseFilter
 from sidecar.envoy.grpc_status import GrpcCode, grpc_code_for
 from sidecar.identity import AuthRequest, IdentityProvider
@@ -34,6 +37,31 @@ GATE_FORMAT = "gate"
 # Headers that carry the trace context (W3C), passed to the decision span.
 _TRACE_HEADERS = ("traceparent", "tracestate")
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
+
+# What a caller may be told as decided: reasons about the candidate it sent (no
+# id, no such record), about the store's availability, and about the state and
+# integrity of a record its tenant and principals may read. Any other reason
+# leaves the caller's right to the record unproven: TENANT_MISMATCH and
+# PRINCIPAL_MISMATCH deny it, POLICY_ERROR means the policy did not decide, and
+# POLICY_DENY or an operator's custom reason may be about entitlement too.
+_TOLD: frozenset[str] = frozenset(
+    reason.value
+    for reason in (
+        Reason.MALFORMED_CHUNK,
+        Reason.MISSING_METADATA,
+        Reason.METADATA_UNAVAILABLE,
+        Reason.STATUS_DRAFT,
+        Reason.STATUS_SUPERSEDED,
+        Reason.STATUS_REVOKED,
+        Reason.STATUS_QUARANTINED,
+        Reason.NOT_YET_EFFECTIVE,
+        Reason.EXPIRED,
+        Reason.HASH_MISMATCH,
+        Reason.PAYLOAD_HASH_MISMATCH,
+        Reason.SIGNATURE_MISSING,
+    )
+)
+_UNKNOWN_ID: tuple[str, ...] = (Reason.MISSING_METADATA.value,)
 
 
 def gate_route_kind(route: Route) -> RouteKind | None:
@@ -65,6 +93,20 @@ def _headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
         if isinstance(value, str) and not key.endswith("-bin"):
             headers[key.lower()] = value
     return headers
+
+
+def told_reasons(reasons: tuple[str, ...]) -> tuple[str, ...]:
+    """The reasons the caller is told for one candidate: as decided, or an unknown id's.
+
+    A record the caller may not read is answered exactly as an id the store
+    does not have (``MISSING_METADATA`` alone): that it exists, its status and
+    validity, and whether the caller's text is its text (``HASH_MISMATCH``)
+    would each leak what the gate withholds. All the reasons are replaced,
+    not only the one that proves it: the others were computed from the record.
+    """
+    if all(reason in _TOLD for reason in reasons):
+        return reasons
+    return _UNKNOWN_ID
 
 
 async def _abort(context: grpc.aio.ServicerContext, code: GrpcCode, message: str) -> NoReturn:
@@ -121,7 +163,7 @@ class GateServicer(gate_pb2_grpc.GateServicer):
                     position=decision.position,
                     id=decision.chunk_id or "",
                     admitted=decision.position in answer.released,
-                    reasons=list(decision.reasons),
+                    reasons=list(told_reasons(decision.reasons)),
                 )
                 for decision in answer.decisions
             ],
