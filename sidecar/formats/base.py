@@ -352,6 +352,10 @@ def has_duplicate_keys(body: bytes, document: Any) -> bool:
         json.loads(body, object_pairs_hook=_unique_pairs)
     except _DuplicateKey:
         return True
+    except RecursionError:
+        # Deeper than the json module decodes (orjson reads up to 1024 levels):
+        # keys that cannot be checked are refused as if one repeated.
+        return True
     return False
 
 

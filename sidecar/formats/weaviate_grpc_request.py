@@ -194,7 +194,11 @@ def check_confinable(request: Any, tenant: str) -> None:
 def push_down(request: Any, tenant_key: str, tenant: str) -> None:
     """AND the tenant condition into ``request.filters`` (in place)."""
     filters_class = type(request.filters)
-    condition = filters_class(operator=_EQUAL, value_text=tenant)
+    try:
+        condition = filters_class(operator=_EQUAL, value_text=tenant)
+    except ValueError:
+        # UnicodeEncodeError (a lone surrogate): its text quotes the tenant, so not chained.
+        raise MalformedRequest("the tenant cannot be written as a protobuf string") from None
     condition.target.property = tenant_key
     if request.HasField("filters"):
         combined = filters_class(operator=_AND, filters=[condition, request.filters])

@@ -254,6 +254,8 @@ def _decode_line(raw: bytes) -> object:
         return json.loads(text, object_pairs_hook=_reject_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON: {exc.msg} at column {exc.colno}") from None
+    except RecursionError:
+        raise ValueError("not valid JSON: nested too deeply") from None
 
 
 def _json_type(value: object) -> str:
