@@ -485,8 +485,13 @@ def test_jwt_bearer_passes_on_verification_and_mapping_errors(
         assert_no_leak(raised.value, compact)
 
 
-def envoy_request(metadata: dict[str, Any]) -> AuthRequest:
-    return AuthRequest(method="POST", path="/", headers={}, metadata=metadata)
+def envoy_request(metadata: dict[str, Any], headers: dict[str, str] | None = None) -> AuthRequest:
+    """A request as jwt_authn leaves it: the payload in metadata and (``forward: true``)
+    the token it verified still in the headers, unless ``headers`` says otherwise."""
+    if headers is None:
+        payloads = [v for ns in metadata.values() for v in ns.values() if isinstance(v, dict)]
+        headers = {"authorization": f"Bearer {unsigned_token(payloads[0])}"} if payloads else {}
+    return AuthRequest(method="POST", path="/", headers=headers, metadata=metadata)
 
 
 def envoy_provider(**options: Any) -> EnvoyJwtPayload:

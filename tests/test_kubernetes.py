@@ -94,7 +94,7 @@ def istio_jwt_authn(issuer: str, audiences: list[str], jwks: dict[str, Any]) -> 
                 "origins-0": {
                     "issuer": issuer,
                     "audiences": audiences,
-                    "forward": False,
+                    "forward": True,  # the overlay's forwardOriginalToken
                     "payload_in_metadata": ISTIO_PAYLOAD_KEY,
                     "local_jwks": {"inline_string": json.dumps(jwks)},
                 }
@@ -729,7 +729,8 @@ def test_request_authentication_agrees_with_the_gate(tmp_path: Path) -> None:
     assert rule["issuer"] == settings.issuer
     assert settings.audience in rule["audiences"]
     assert rule["jwksUri"] == settings.jwks
-    assert rule["forwardOriginalToken"] is False
+    # The gate checks that the token Istio verified is the request's only one.
+    assert rule["forwardOriginalToken"] is True
     # The gate reads the payload where Istio writes it.
     assert settings.jwt_payload_key == ISTIO_PAYLOAD_KEY
     ext_proc = patch_value("istio", "HTTP_FILTER", "INSERT_BEFORE")["typed_config"]
@@ -762,8 +763,9 @@ def test_the_ext_authz_provider_is_the_gate_and_fails_closed(tmp_path: Path) -> 
 # --- The payload key: where the gate reads, where `proxy`'s Envoy writes -------------------------
 
 
-def _identify(settings: Settings, metadata: dict[str, Any]) -> Any:
-    request = AuthRequest("POST", "/collections/docs/points/search", {}, metadata)
+def _identify(settings: Settings, metadata: dict[str, Any], token: str) -> Any:
+    headers = {"authorization": f"Bearer {token}"}
+    request = AuthRequest("POST", "/collections/docs/points/search", headers, metadata)
     return asyncio.run(build_identity(settings).identify(request))
 
 
@@ -776,10 +778,11 @@ def test_the_gate_reads_the_payload_under_the_configured_key() -> None:
         "audience": tokens.AUDIENCE,
         "jwks": "https://idp.example.com/.well-known/jwks.json",
     }
-    caller = _identify(load_settings(None, {**identity, "jwt_payload_key": "payload"}), istio)
-    assert caller.tenant == payload["tenant"]
+    token = tokens.unsigned_token(payload)  # what Istio verified and forwarded
+    settings = load_settings(None, {**identity, "jwt_payload_key": "payload"})
+    assert _identify(settings, istio, token).tenant == payload["tenant"]
     with pytest.raises(IdentityError) as refused:
-        _identify(load_settings(None, identity), istio)  # the default key: nothing there
+        _identify(load_settings(None, identity), istio, token)  # the default key: nothing there
     assert refused.value.code == "token_missing"
 
 

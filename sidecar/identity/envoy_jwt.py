@@ -10,16 +10,30 @@ jwt_authn is configured never to refuse on its own, so that every identity
 failure gets the sidecar's 401 with a machine-readable reason; issuer and
 audience are checked here for the same reason (Envoy answers a wrong audience
 with 403). A token without ``exp``, which Envoy takes as never expiring, is
-refused here as `jwt` mode refuses it.
+refused here as `jwt` mode refuses it, and so is an ``iat`` beyond the leeway,
+which Envoy does not check.
+
+jwt_authn verifies every token it finds and keeps the payload of one, so the
+request must carry exactly one token (``jwt_authn`` forwards it, and the
+sidecar strips it), and that token's payload must be the one Envoy verified:
+two tokens, or a verified one beside one Envoy could not verify, are refused
+as `jwt` mode refuses them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import binascii
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from jwt.utils import base64url_decode
 
 from sidecar.core.caller import Caller, IdentityError
 from sidecar.identity import AuthRequest
 from sidecar.identity.claims import ClaimMapping
+from sidecar.identity.credentials import BEARER, credential_headers, find_token
 
 JWT_AUTHN_NAMESPACE = "envoy.filters.http.jwt_authn"
 PAYLOAD_KEY = "jwt_payload"
@@ -56,26 +70,35 @@ class EnvoyJwtPayload:
         audience: str,
         namespace: str = JWT_AUTHN_NAMESPACE,
         payload_key: str = PAYLOAD_KEY,
-        credential_headers: tuple[str, ...] = ("authorization",),
+        locations: Sequence[str] = (BEARER,),
+        leeway_seconds: float = 30,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        """``credential_headers``: where clients may put the token, all removed upstream."""
-        # jwt_authn removes only a token it verified (`forward: false`); the vector
-        # DB never needs any of them.
-        self.strip_headers = credential_headers
+        """``locations``: where clients may put the token (all removed upstream)."""
+        # jwt_authn forwards the token (the sidecar compares it with the payload);
+        # the vector DB never needs any of them.
+        self._locations = tuple(locations)
+        self.strip_headers = credential_headers(self._locations)
         self._mapping = mapping
         self._issuer = issuer
         self._audience = audience
         self._namespace = namespace
         self._payload_key = payload_key
+        self._leeway_seconds = leeway_seconds
+        self._clock = clock
 
     async def identify(self, request: AuthRequest) -> Caller:
         """The caller from the verified payload; IdentityError ``token_missing`` without one."""
         metadata = request.metadata.get(self._namespace, {})
         payload = metadata.get(self._payload_key)
         failure = metadata.get(FAILURE_KEY)
-        if payload is None and isinstance(failure, Mapping):
-            message = str(failure.get("message", ""))
-            raise IdentityError(failure_code(message), "Envoy jwt_authn refused the token")
+        if isinstance(failure, Mapping):
+            # One token Envoy could not verify is enough: beside a verified one,
+            # which of the two a client meant is not the gate's guess to make.
+            code = failure_code(str(failure.get("message", "")))
+            if payload is not None and code != "token_missing":
+                code = "token_ambiguous"
+            raise IdentityError(code, "Envoy jwt_authn refused a token of the request")
         if payload is None:
             raise IdentityError(
                 "token_missing",
@@ -83,11 +106,18 @@ class EnvoyJwtPayload:
             )
         if not isinstance(payload, Mapping):
             raise IdentityError("token_malformed", "the JWT payload in metadata is not an object")
+        if _claims_of(find_token(request.headers, self._locations)) != payload:
+            raise IdentityError(
+                "token_ambiguous", "the request carries another token than the verified one"
+            )
         exp = payload.get("exp")
         if isinstance(exp, bool) or not isinstance(exp, int | float):
             # Envoy accepts a token without exp as never expiring; `jwt` mode
             # requires one, and both modes must refuse the same tokens.
             raise IdentityError("token_malformed", "token has no 'exp' claim")
+        iat = payload.get("iat")
+        if isinstance(iat, int | float) and iat > self._clock() + self._leeway_seconds:
+            raise IdentityError("token_not_yet_valid", "token is not yet valid (iat)")
         if payload.get("iss") != self._issuer:
             raise IdentityError("issuer_mismatch", "token issuer is not the configured issuer")
         audience = payload.get("aud")
@@ -95,3 +125,14 @@ class EnvoyJwtPayload:
         if self._audience not in audiences:
             raise IdentityError("audience_mismatch", "token audience does not include ours")
         return self._mapping.caller_from_claims(payload)
+
+
+def _claims_of(token: str) -> Any:
+    """The token's payload as JSON, unverified (None when it is not a JWS payload)."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        return json.loads(base64url_decode(parts[1]))
+    except (binascii.Error, ValueError):
+        return None

@@ -13,10 +13,13 @@ Error messages never contain the token or a claim value.
 
 from __future__ import annotations
 
+import binascii
+import json
 from collections.abc import Sequence
 from typing import Any
 
 import jwt
+from jwt.utils import base64url_decode
 
 from sidecar.core.caller import Caller, IdentityError
 from sidecar.identity import AuthRequest
@@ -40,6 +43,8 @@ class JwtVerifier:
 
     async def verify(self, token: str) -> dict[str, Any]:
         """The verified claims, or IdentityError with a machine-readable code."""
+        if _repeats_a_member(token):
+            raise IdentityError("token_malformed", "token header or payload names a member twice")
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError:
@@ -68,6 +73,32 @@ class JwtVerifier:
         except jwt.PyJWTError as error:
             raise _rejection(error) from None
         return claims
+
+
+class _Repeated(ValueError):
+    pass
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    if len({name for name, _ in pairs}) != len(pairs):
+        raise _Repeated
+    return dict(pairs)
+
+
+def _repeats_a_member(token: str) -> bool:
+    """True when the token's header or payload names a member twice.
+
+    JSON parsers keep the first or the last of two equal names (PyJWT the
+    last, Envoy refuses the token), so such a token could mean two tenants.
+    """
+    for segment in token.split(".")[:2]:
+        try:
+            json.loads(base64url_decode(segment), object_pairs_hook=_no_repeats)
+        except _Repeated:
+            return True
+        except (binascii.Error, ValueError):
+            return False  # not JSON at all: PyJWT says how it is malformed
+    return False
 
 
 def _rejection(error: jwt.PyJWTError) -> IdentityError:

@@ -91,8 +91,9 @@ def jwt_authn_filter(settings: Settings, generated_jwks: Path | None = None) -> 
     provider = {
         # Issuer and audience are also checked by the sidecar, from the payload.
         "issuer": settings.issuer,
-        # The caller's token is not the vector DB's business.
-        "forward": False,
+        # Kept for the sidecar, which checks that the request carries no other
+        # token than the one verified here, and strips every credential header.
+        "forward": True,
         "payload_in_metadata": settings.jwt_payload_key,
         "failed_status_in_metadata": FAILURE_KEY,
         "clock_skew_seconds": int(settings.jwt_leeway_seconds),

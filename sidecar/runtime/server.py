@@ -27,7 +27,6 @@ from sidecar.envoy.ext_proc import ExternalProcessorServicer
 from sidecar.envoy.gate_service import GateServicer, gate_access
 from sidecar.identity import IdentityProvider
 from sidecar.identity.claims import ClaimMapping
-from sidecar.identity.credentials import credential_headers
 from sidecar.identity.envoy_jwt import EnvoyJwtPayload
 from sidecar.identity.headers import TrustedHeaders
 from sidecar.identity.jwt import JwtBearer, JwtVerifier
@@ -77,7 +76,8 @@ def build_identity(settings: Settings) -> IdentityProvider:
             issuer=settings.issuer,
             audience=settings.audience,
             payload_key=settings.jwt_payload_key,
-            credential_headers=credential_headers(settings.jwt_credentials),
+            locations=settings.jwt_credentials,
+            leeway_seconds=settings.jwt_leeway_seconds,
         )
     if settings.identity is IdentityMode.JWT:
         keys = key_source(

@@ -208,8 +208,15 @@ def load_jsonl(path: Path) -> list[ChunkRecord]:
             try:
                 obj = _decode_line(raw)
             except _DuplicateKey as exc:
+                chunk_id = _chunk_id_of(raw)
                 errors.append(
-                    RecordError("key appears twice", line=line, field=exc.key, source=source)
+                    RecordError(
+                        "key appears twice",
+                        line=line,
+                        chunk_id=chunk_id,
+                        field=exc.key,
+                        source=source,
+                    )
                 )
                 continue
             except ValueError as exc:
@@ -243,6 +250,20 @@ def _reject_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]
             raise _DuplicateKey(key)
         obj[key] = value
     return obj
+
+
+def _chunk_id_of(raw: bytes) -> str | None:
+    """The chunk id of a line whose object repeats a key, when it names exactly one."""
+    try:
+        pairs = json.loads(raw, object_pairs_hook=lambda found: found)
+    except (ValueError, RecursionError):  # the name is a courtesy; the line is refused anyway
+        return None
+    if not isinstance(pairs, list) or not all(isinstance(p, tuple) for p in pairs):
+        return None
+    ids = [value for key, value in pairs if key == "chunk_id"]
+    if len(ids) == 1 and isinstance(ids[0], str) and ids[0].strip():
+        return str(ids[0])
+    return None
 
 
 def _decode_line(raw: bytes) -> object:
