@@ -243,7 +243,10 @@ def _floor(
         )
         for key, m in f["paths"].items():
             g, c = m["run"], m["compare"]
-            v = variants.get(key, {"messages": 3, "echo_body": True})
+            # The gate has the messages of the floor it is measured against.
+            v = variants.get(key) or variants.get(
+                floor.get("matched_floor", ""), {"messages": 3, "echo_body": True}
+            )
             body = "filtered" if key == "gate" else ("same bytes" if v["echo_body"] else "no")
             out.append(
                 f"| {conns} | {key} | {v['messages']} | {body} | {g['rps']:,.0f} "
