@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections import deque
 
 import pytest
 
@@ -14,6 +15,11 @@ def test_a_free_port_is_below_the_ephemeral_range_and_bindable() -> None:
     assert 20_000 <= port < 32_768
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", port))
+
+
+@pytest.fixture(autouse=True)
+def nothing_handed_out_lately(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ports, "_RECENT", deque(maxlen=256))
 
 
 def test_a_held_port_is_never_returned(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -32,3 +38,14 @@ def test_no_free_port_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr("sidecar.runtime.ports.random.choice", lambda _: taken)
         with pytest.raises(OSError, match="no free TCP port"):
             ports.free_port()
+
+
+def test_a_port_near_one_handed_out_lately_is_not_handed_out_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Two stacks set up before either binds must not share a port, nor sit on a
+    # worker's port + i.
+    first = ports.free_port()
+    candidates = iter([first, first + 1, first + 7, first + 8])
+    monkeypatch.setattr("sidecar.runtime.ports.random.choice", lambda _: next(candidates))
+    assert ports.free_port() == first + 8
