@@ -73,25 +73,21 @@ class FloorServicer(ext_proc_grpc.ExternalProcessorServicer):
             elif kind == "response_headers":
                 yield _RESPONSE_HEADERS
             elif kind == "response_body":
-                if self._echo_body:
-                    common = ext_proc.CommonResponse()
-                    common.body_mutation.body = request.response_body.body
-                    yield ext_proc.ProcessingResponse(
-                        response_body=ext_proc.BodyResponse(response=common)
-                    )
-                else:
-                    yield _BODY
+                yield _echoed(kind, request.response_body.body) if self._echo_body else _BODY
             elif kind == "request_body":
-                if self._echo_request_body:
-                    common = ext_proc.CommonResponse()
-                    common.body_mutation.body = request.request_body.body
-                    yield ext_proc.ProcessingResponse(
-                        request_body=ext_proc.BodyResponse(response=common)
-                    )
-                else:
-                    yield _REQUEST_BODY
+                echo = self._echo_request_body
+                yield _echoed(kind, request.request_body.body) if echo else _REQUEST_BODY
             else:
                 yield _TRAILERS
+
+
+def _echoed(kind: str, body: bytes) -> ext_proc.ProcessingResponse:
+    """The answer to a ``kind`` body message that replaces the body with the same bytes."""
+    common = ext_proc.CommonResponse()
+    common.body_mutation.body = body
+    answer = ext_proc.ProcessingResponse()
+    getattr(answer, kind).response.CopyFrom(common)
+    return answer
 
 
 async def serve(
