@@ -63,4 +63,4 @@ ENTRYPOINT ["retrieval-gate"]
 # Settings (identity, store, audit) come from a mounted TOML file; secrets such
 # as a JWKS file, an HMAC key or a DSN password are mounted too, never built in.
 CMD ["serve", "--config", "/etc/retrieval-gate/gate.toml", \
-     "--grpc-listen", "0.0.0.0:9001", "--metrics", "0.0.0.0:9464"]
+     "--grpc-listen", "0.0.0.0:9001", "--expose-grpc-listen", "--metrics", "0.0.0.0:9464"]

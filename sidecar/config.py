@@ -338,6 +338,14 @@ class Settings:
         default=4 * 1024 * 1024,
         metadata=about("largest response body inspected; a larger one is an error"),
     )
+    expose_grpc_listen: bool = field(
+        default=False,
+        metadata=about(
+            "allow grpc_listen on an address other hosts can reach: whoever reaches it is "
+            "believed as Envoy (the caller it names, the bodies it sends), so only where a "
+            "network policy admits Envoy alone"
+        ),
+    )
     grpc_listen: str = field(
         default="127.0.0.1:9001",
         metadata=about(
@@ -538,7 +546,7 @@ def _convert(name: str, value: Any) -> Any:
             return _factor(value)
         if name == "tenant_key":
             return _tenant_key(value)
-        if name == "substitute_superseded":
+        if name in ("substitute_superseded", "expose_grpc_listen"):
             if not isinstance(value, bool):
                 raise TypeError("must be true or false")
             return value

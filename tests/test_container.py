@@ -214,6 +214,8 @@ def test_default_command_is_serve_with_flags_the_cli_has() -> None:
     assert args.command == "serve"
     assert str(args.config) == "/etc/retrieval-gate/gate.toml"
     assert args.grpc_listen == "0.0.0.0:9001"
+    # Reachable from Envoy outside the container, and so said explicitly.
+    assert args.expose_grpc_listen is True
     assert args.metrics == "0.0.0.0:9464"
     assert one(stage, "EXPOSE").split() == ["9001", "9464"]
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 
 from sidecar.cli.flags import add_setting_flags, settings_from_flags
-from sidecar.config import ConfigError
+from sidecar.config import ConfigError, Settings
 from sidecar.runtime import event_loop
-from sidecar.runtime.addresses import parse_host_port
+from sidecar.runtime.addresses import (
+    parse_host_port,
+    parse_socket_address,
+    reachable_from_elsewhere,
+)
 from sidecar.runtime.bootstrap import Upstream
 from sidecar.runtime.jwks_relay import run_with_jwks_relay
 from sidecar.runtime.proxy import run_proxy
@@ -35,9 +39,29 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     proxying.set_defaults(func=proxy)
 
 
+def check_exposure(settings: Settings) -> None:
+    """ConfigError for a ``grpc_listen`` other hosts can reach without ``expose_grpc_listen``.
+
+    Envoy's ext_proc and ext_authz streams carry no credential of their own: the
+    sidecar believes the caller that Envoy's ext_authz metadata names, so any peer
+    that reaches the listener is believed as Envoy.
+    """
+    try:
+        address = parse_socket_address(settings.grpc_listen)
+    except ValueError:
+        return  # the server names the address it cannot listen on
+    if reachable_from_elsewhere(address) and not settings.expose_grpc_listen:
+        raise ConfigError(
+            f"grpc_listen {settings.grpc_listen} can be reached from other hosts, and whoever "
+            "reaches it is believed as Envoy: listen on loopback or a unix socket, or set "
+            "expose_grpc_listen (--expose-grpc-listen) where a network policy admits Envoy alone"
+        )
+
+
 def serve(args: argparse.Namespace) -> int:
     """Serve ext_proc and ext_authz until SIGINT or SIGTERM; 1 when a worker died."""
     settings = settings_from_flags(args)
+    check_exposure(settings)
     run = serve_until_signalled if settings.workers == 1 else serve_workers_until_signalled
     # The relay runs here, once, not in each worker.
     return event_loop.run(run_with_jwks_relay(settings, run), settings.event_loop)
@@ -50,6 +74,7 @@ def proxy(args: argparse.Namespace) -> int:
     socket (a ``grpc_listen`` in the file does not count: no one else needs it).
     """
     settings = settings_from_flags(args)
+    check_exposure(settings)
     try:
         listen = parse_host_port(args.listen)
         upstream = Upstream.parse(args.upstream)

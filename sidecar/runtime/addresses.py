@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -88,6 +89,16 @@ def parse_socket_address(value: str) -> HostPort | UnixSocket:
     if value.startswith(UNIX_PREFIX):
         return UnixSocket(value.removeprefix(UNIX_PREFIX))
     return parse_host_port(value)
+
+
+def reachable_from_elsewhere(address: HostPort | UnixSocket) -> bool:
+    """True for a TCP address other hosts can reach: not a loopback IP nor ``localhost``."""
+    if isinstance(address, UnixSocket) or address.host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(address.host).is_loopback
+    except ValueError:
+        return True  # a host name, which may resolve to any interface
 
 
 def parse_http_url(url: str) -> HttpEndpoint:

@@ -1,0 +1,54 @@
+"""The sidecar's gRPC listener stays on this host unless exposing it is said explicitly.
+
+Envoy's ext_proc and ext_authz streams carry no credential: the sidecar
+believes the caller Envoy's ext_authz metadata names, so any peer that
+reaches the listener would be believed as Envoy.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.cli import main
+from sidecar.cli.serve import check_exposure
+from sidecar.config import ConfigError, Settings, load_settings
+from sidecar.runtime.addresses import parse_socket_address, reachable_from_elsewhere
+
+
+@pytest.mark.parametrize(
+    "address", ["127.0.0.1:9001", "127.8.0.1:9001", "[::1]:9001", "localhost:9001", "unix:/s"]
+)
+def test_loopback_and_unix_sockets_stay_on_this_host(address: str) -> None:
+    assert not reachable_from_elsewhere(parse_socket_address(address))
+
+
+@pytest.mark.parametrize(
+    "address", ["0.0.0.0:9001", "[::]:9001", "10.0.0.5:9001", "gate.internal:9001"]
+)
+def test_any_other_address_can_be_reached_from_elsewhere(address: str) -> None:
+    assert reachable_from_elsewhere(parse_socket_address(address))
+
+
+def settings(**values: object) -> Settings:
+    return load_settings(None, {"identity": "trusted-headers", **values})
+
+
+def test_an_exposed_listener_is_refused_without_the_setting() -> None:
+    with pytest.raises(ConfigError, match=r"believed as Envoy.*expose_grpc_listen"):
+        check_exposure(settings(grpc_listen="0.0.0.0:9001"))
+
+
+def test_the_setting_allows_it_and_loopback_needs_none() -> None:
+    check_exposure(settings(grpc_listen="0.0.0.0:9001", expose_grpc_listen=True))
+    check_exposure(settings(grpc_listen="127.0.0.1:9001"))
+
+
+@pytest.mark.parametrize("command", ["serve", "proxy"])
+def test_serve_and_proxy_exit_2_before_listening(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [command, "--identity", "trusted-headers", "--grpc-listen", "0.0.0.0:9001"]
+    if command == "proxy":
+        args += ["--upstream", "http://127.0.0.1:6333", "--listen", "127.0.0.1:6334"]
+    assert main(args) == 2
+    assert "expose_grpc_listen" in capsys.readouterr().err
