@@ -151,7 +151,6 @@ class ResponseFilter:
         self._overfetch_cap = overfetch_cap
         self._max_hits = max_hits
         self._collection_label = metrics.collection_label
-        self._collections: dict[Route, tuple[str, ...]] = {}
         self._tracing = Tracing(tracer)
         self._decider = Decider(store, gate, clock, self._tracing)
         self._recorder = Recorder(
@@ -548,15 +547,11 @@ class ResponseFilter:
     def _collection_for(self, route: Route, rewrite: RequestRewrite | None = None) -> str:
         """The metrics' collection label for ``route`` and the collections its body named.
 
-        The path's collections are remembered per route (bounded): finding them
-        asks every format. A body naming others (a Milvus ``collectionName``)
-        adds them, as the request policy saw them.
+        The path's collections come from the format table, which remembers them
+        per route. A body naming others (a Milvus ``collectionName``) adds them,
+        as the request policy saw them.
         """
-        names = self._collections.get(route)
-        if names is None:
-            if len(self._collections) >= _POLICIES_KEPT:
-                self._collections.clear()  # paths are the client's: keep the memo bounded
-            names = self._collections[route] = tuple(self._formats.collections(route))
+        names = self._formats.collections(route)
         if rewrite is not None and rewrite.collections:
             names = (*names, *(n for n in rewrite.collections if n not in names))
         return self._collection_label(names)
