@@ -268,23 +268,11 @@ class GateMetrics:
 
     def count_reasons(self, format_name: str, collection: str, counts: Mapping[str, int]) -> None:
         """Add ``counts`` per reason to ``retrieval_gate_chunk_reasons_total``."""
-        children = self._reason_children
-        for reason, n in counts.items():
-            key = (reason, format_name, collection)
-            child = children.get(key)
-            if child is None:
-                child = children[key] = self.chunk_reasons.labels(*key)
-            child.inc(n)
+        _count_per_kind(self.chunk_reasons, self._reason_children, format_name, collection, counts)
 
     def count_drift(self, format_name: str, collection: str, counts: Mapping[str, int]) -> None:
         """Add ``counts`` per drift kind (a ``Drift`` value) to ``retrieval_gate_drift_total``."""
-        children = self._drift_children
-        for kind, n in counts.items():
-            key = (kind, format_name, collection)
-            child = children.get(key)
-            if child is None:
-                child = children[key] = self.drift.labels(*key)
-            child.inc(n)
+        _count_per_kind(self.drift, self._drift_children, format_name, collection, counts)
 
     def count_response(self, outcome: str, format_name: str, collection: str) -> None:
         """Count one response in ``retrieval_gate_responses_total``."""
@@ -323,3 +311,20 @@ class GateMetrics:
     def stale_served(self, n: int) -> None:
         if n:
             self.cache_stale_served.inc(n)
+
+
+def _count_per_kind(
+    metric: Any,
+    children: dict[tuple[str, str, str], Any],
+    format_name: str,
+    collection: str,
+    counts: Mapping[str, int],
+) -> None:
+    """Add ``counts`` to ``metric``'s (kind, format, collection) children, kept in
+    ``children``: ``labels()`` resolves a child per call, which the hot path avoids."""
+    for kind, n in counts.items():
+        key = (kind, format_name, collection)
+        child = children.get(key)
+        if child is None:
+            child = children[key] = metric.labels(*key)
+        child.inc(n)
