@@ -51,7 +51,7 @@ from sidecar.tracing import DecisionSpan, Tracing
 
 log = logging.getLogger(__name__)
 
-# Route policies (and collection labels) remembered per request path.
+# Route policies remembered per request path.
 _POLICIES_KEPT = 4096
 
 # A body is parsed, and its answer rendered, in a worker thread rather than on
