@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import resource
 from pathlib import Path
 
 import orjson
@@ -254,3 +255,31 @@ def test_a_walk_can_start_after_a_known_record_and_names_records_its_own_way() -
         ChainWalk("line {}".format).follow(b"{")
     with pytest.raises(BrokenChain, match=r"^seq 1: not a JSON object$"):
         ChainWalk().follow(b"[]")
+
+
+def test_a_full_disk_refuses_records_and_leaves_no_fragment(tmp_path: Path) -> None:
+    # A file size limit fails writes the way a full disk does: a short write,
+    # then an error. Found by bench/faults.py (audit_disk_full): the second
+    # refused record used to cut the file back to a stale position past its
+    # end, leaving zeros and a fragment the chain could not get past.
+    path = tmp_path / "d.jsonl"
+    sink = JsonlAuditSink(path)
+    padding = "p" * 1000
+    sink.write({"decision_id": "d0", "padding": padding})
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (path.stat().st_size + 1500, hard))
+    written, refused = [], 0
+    try:
+        for i in range(1, 6):
+            try:
+                sink.write({"decision_id": f"d{i}", "padding": padding})
+                written.append(f"d{i}")
+            except AuditError:
+                refused += 1
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    sink.write({"decision_id": "d99", "padding": padding})  # space again
+    sink.close()
+    assert refused >= 2
+    assert verify_chain(path).ok
+    assert [orjson.loads(line)["decision_id"] for line in lines(path)] == ["d0", *written, "d99"]

@@ -7,9 +7,6 @@ restarts the server, even when an assertion fails.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +15,12 @@ import pytest
 
 from sidecar.demo.upstream import CannedResponse
 from tests.fixtures import qdrant_bodies as qb
-from tests.fixtures.postgres import fresh_database, postgres_available
+from tests.fixtures.postgres import (
+    control_cluster,
+    fresh_database,
+    local_cluster,
+    postgres_available,
+)
 from tests.fixtures.records import record_dict, text_for
 from tests.fixtures.servers import server_missing
 from tests.harness import GateStack, search_ids
@@ -28,37 +30,15 @@ pytestmark = [pytest.mark.envoy, pytest.mark.postgres]
 SEARCH = "/collections/docs/points/search"
 
 
-def _cluster() -> tuple[str, str] | None:
-    if shutil.which("pg_lsclusters") is None or os.geteuid() != 0:
-        return None
-    for line in subprocess.run(
-        ["pg_lsclusters", "--no-header"], capture_output=True, text=True, check=True
-    ).stdout.splitlines():
-        version, name, port, *_ = line.split()
-        if port == "5432":
-            return version, name
-    return None
-
-
-def _pg_ctl(action: str) -> None:
-    cluster = _cluster()
-    assert cluster is not None
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", *cluster, action],
-        check=True,
-        capture_output=True,
-    )
-
-
 @pytest.fixture
 def stoppable() -> Iterator[None]:
-    if _cluster() is None:
+    if local_cluster() is None:
         server_missing("needs a local PostgreSQL cluster this user can stop (pg_ctlcluster, root)")
     try:
         yield
     finally:
         if postgres_available() is not None:
-            _pg_ctl("start")
+            control_cluster("start")
 
 
 def _reasons(gate: GateStack, decision_id: str) -> dict[str, list[str]]:
@@ -81,7 +61,7 @@ def test_store_down_rejects_after_expiry_and_recovers_without_restart(
             gate.upstream.respond("POST", SEARCH, CannedResponse(qb.encode(qb.search_body(points))))
             assert search_ids(gate.search(SEARCH)) == [1, 2]
 
-            _pg_ctl("stop")
+            control_cluster("stop")
             time.sleep(1.5)  # past the cache TTL
             for _ in range(3):
                 response = gate.search(SEARCH)
@@ -92,7 +72,7 @@ def test_store_down_rejects_after_expiry_and_recovers_without_restart(
                 assert reasons == {"1": ["METADATA_UNAVAILABLE"], "2": ["METADATA_UNAVAILABLE"]}
             assert gate.metric("retrieval_gate_store_errors_total") >= 1
 
-            _pg_ctl("start")
+            control_cluster("start")
             deadline = time.monotonic() + 30
             admitted: list[int] = []
             while time.monotonic() < deadline and admitted != [1, 2]:
@@ -101,5 +81,5 @@ def test_store_down_rejects_after_expiry_and_recovers_without_restart(
             assert admitted == [1, 2]  # same sidecar process, no restart
         finally:
             if postgres_available() is not None:
-                _pg_ctl("start")  # before the database is dropped
+                control_cluster("start")  # before the database is dropped
             gate.stop()

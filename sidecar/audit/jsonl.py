@@ -152,6 +152,11 @@ class JsonlAuditSink:
                     )
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = path.open("ab", buffering=0)
+        # Where the last complete record ends. Appends go to the file's end
+        # whatever the file position says, so a failed write is undone by
+        # cutting the file back to here, not by trusting tell().
+        self._end = self._file.seek(0, os.SEEK_END)
+        self._torn = False
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Chain ``record`` after the last line and append it.
@@ -163,7 +168,8 @@ class JsonlAuditSink:
             seq = self._seq + 1
             digest, line = link(record, seq, self._prev)
             data = line + b"\n"
-            start = self._file.tell()
+            if self._torn:
+                self._undo_fragment()
             try:
                 # Unbuffered writes: a crash loses at most the record being
                 # written, never one already returned to a client. A short write
@@ -176,11 +182,21 @@ class JsonlAuditSink:
                         raise OSError(0, "nothing written")
                     written += count
             except OSError as exc:
-                with contextlib.suppress(OSError):
-                    self._file.truncate(start)
+                self._torn = True
+                with contextlib.suppress(AuditError):
+                    self._undo_fragment()
                 raise AuditError(f"{self.path}: {exc.strerror}") from exc
+            self._end += len(data)
             self._seq = seq
             self._prev = digest
+
+    def _undo_fragment(self) -> None:
+        """Cut off what a failed write left; until that succeeds, nothing is appended."""
+        try:
+            self._file.truncate(self._end)
+        except OSError as exc:
+            raise AuditError(f"{self.path}: cannot undo a failed write: {exc.strerror}") from exc
+        self._torn = False
 
     @property
     def head(self) -> tuple[int, str]:
