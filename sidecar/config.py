@@ -338,6 +338,13 @@ class Settings:
         default=4 * 1024 * 1024,
         metadata=about("largest response body inspected; a larger one is an error"),
     )
+    allow_plain_http: bool = field(
+        default=False,
+        metadata=about(
+            "fetch the JWKS, the policy bundle or OPA's decisions over plain http:// from a "
+            "host other than this one: whoever is on the path can swap keys, policy or answers"
+        ),
+    )
     expose_grpc_listen: bool = field(
         default=False,
         metadata=about(
@@ -546,7 +553,7 @@ def _convert(name: str, value: Any) -> Any:
             return _factor(value)
         if name == "tenant_key":
             return _tenant_key(value)
-        if name in ("substitute_superseded", "expose_grpc_listen"):
+        if name in ("substitute_superseded", "expose_grpc_listen", "allow_plain_http"):
             if not isinstance(value, bool):
                 raise TypeError("must be true or false")
             return value

@@ -1,4 +1,4 @@
-"""The sidecar's gRPC listener stays on this host unless exposing it is said explicitly.
+"""The sidecar listens on this host, and fetches over plain http only from it, unless told.
 
 Envoy's ext_proc and ext_authz streams carry no credential: the sidecar
 believes the caller Envoy's ext_authz metadata names, so any peer that
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from sidecar.cli import main
-from sidecar.cli.serve import check_exposure
+from sidecar.cli.serve import check_exposure, check_plain_http
 from sidecar.config import ConfigError, Settings, load_settings
 from sidecar.runtime.addresses import parse_socket_address, reachable_from_elsewhere
 
@@ -52,3 +52,50 @@ def test_serve_and_proxy_exit_2_before_listening(
         args += ["--upstream", "http://127.0.0.1:6333", "--listen", "127.0.0.1:6334"]
     assert main(args) == 2
     assert "expose_grpc_listen" in capsys.readouterr().err
+
+
+# Keys, policy and decisions fetched over the network: plain http only on this host.
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"jwks": "http://idp.example/jwks.json"},
+        {"policy_bundle": "HTTP://bundles.internal:8080/gate.tar.gz"},
+        {"policy_engine": "opa", "opa_url": "http://10.0.0.7:8181"},
+    ],
+    ids=["jwks", "policy_bundle", "opa_url"],
+)
+def test_plain_http_to_another_host_is_refused_without_the_setting(
+    values: dict[str, str],
+) -> None:
+    name = next(k for k in values if k != "policy_engine")
+    with pytest.raises(ConfigError, match=rf"setting '{name}' .*plain http.*allow_plain_http"):
+        check_plain_http(settings(**values))
+    check_plain_http(settings(**values, allow_plain_http=True))
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"jwks": "https://idp.example/jwks.json"},
+        {"jwks": "http://127.0.0.1:8080/jwks.json"},
+        {"policy_bundle": "http://localhost:8888/gate.tar.gz"},
+        {"policy_bundle": "/etc/retrieval-gate/gate.tar.gz"},
+        {"policy_engine": "opa", "opa_url": "http://[::1]:8181"},
+    ],
+)
+def test_https_files_and_loopback_need_no_setting(values: dict[str, str]) -> None:
+    check_plain_http(settings(**values))
+
+
+@pytest.mark.parametrize("command", ["serve", "proxy"])
+def test_serve_and_proxy_refuse_plain_http_before_they_start(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [command, "--identity", "jwt", "--jwks", "http://idp.example/jwks.json"]
+    args += ["--issuer", "https://idp.example", "--audience", "retrieval-gate"]
+    if command == "proxy":
+        args += ["--upstream", "http://127.0.0.1:6333", "--listen", "127.0.0.1:6334"]
+    assert main(args) == 2
+    assert "fetches the token keys over plain http" in capsys.readouterr().err

@@ -8,7 +8,9 @@ from sidecar.cli.flags import add_setting_flags, settings_from_flags
 from sidecar.config import ConfigError, Settings
 from sidecar.runtime import event_loop
 from sidecar.runtime.addresses import (
+    HostPort,
     parse_host_port,
+    parse_http_url,
     parse_socket_address,
     reachable_from_elsewhere,
 )
@@ -58,10 +60,37 @@ def check_exposure(settings: Settings) -> None:
         )
 
 
+# What each URL setting fetches, for the error that refuses it over plain http.
+_FETCHED = {"jwks": "the token keys", "policy_bundle": "the policy", "opa_url": "policy decisions"}
+
+
+def check_plain_http(settings: Settings) -> None:
+    """ConfigError for a JWKS, bundle or OPA URL over plain ``http://`` to another host,
+    unless ``allow_plain_http`` is set. Loopback is this host: an OPA or a relay beside
+    the sidecar needs no TLS."""
+    if settings.allow_plain_http:
+        return
+    for name, what in _FETCHED.items():
+        url = getattr(settings, name)
+        if not isinstance(url, str) or not url.lower().startswith("http://"):
+            continue
+        try:
+            endpoint = parse_http_url(url)
+        except ValueError:
+            continue  # named where the URL is used
+        if reachable_from_elsewhere(HostPort(endpoint.host, endpoint.port)):
+            raise ConfigError(
+                f"setting {name!r} fetches {what} over plain http from another host: whoever "
+                "is on the path can replace them. Use https://, or set allow_plain_http "
+                "(--allow-plain-http) where the network itself is trusted"
+            )
+
+
 def serve(args: argparse.Namespace) -> int:
     """Serve ext_proc and ext_authz until SIGINT or SIGTERM; 1 when a worker died."""
     settings = settings_from_flags(args)
     check_exposure(settings)
+    check_plain_http(settings)
     run = serve_until_signalled if settings.workers == 1 else serve_workers_until_signalled
     # The relay runs here, once, not in each worker.
     return event_loop.run(run_with_jwks_relay(settings, run), settings.event_loop)
@@ -75,6 +104,7 @@ def proxy(args: argparse.Namespace) -> int:
     """
     settings = settings_from_flags(args)
     check_exposure(settings)
+    check_plain_http(settings)
     try:
         listen = parse_host_port(args.listen)
         upstream = Upstream.parse(args.upstream)
