@@ -125,7 +125,12 @@ class Rig:
             config=config,
             store_url=store_url,
             upstream_url=f"http://127.0.0.1:{self.upstream_port}",
-        ).start()
+        )
+        try:
+            self.gate.start()
+        except BaseException:
+            self.close()  # the upstream, the fake OPA and the tmpfs are already up
+            raise
 
     @property
     def port(self) -> int:

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import grpc
 import orjson
 from qdrant_client import grpc as qdrant
 
@@ -29,6 +30,7 @@ from tests.test_ext_proc_servicer import (
     request_headers,
     response_body,
     response_headers,
+    run_open_stream,
     run_stream,
     sidecar,
 )
@@ -234,3 +236,18 @@ def test_the_grpc_health_check_passes_without_a_caller_and_unread(sidecar: Sidec
     assert not answer.HasField("immediate_response")
     mode = answer.mode_override
     assert (mode.response_header_mode, mode.response_body_mode) == (mode.SKIP, mode.NONE)
+
+
+def test_a_grpc_stream_stays_open_for_its_trailers_and_ends_after_them(sidecar: Sidecar) -> None:
+    before_trailers = [
+        request_headers(QUERY, content_type=GRPC),
+        response_headers(content_type=GRPC),
+        response_body(BODY),
+    ]
+    answers, status = run_open_stream(sidecar, before_trailers, wait_s=0.5)
+    assert (len(answers), status) == (3, None)
+    trailers = ext_proc.ProcessingRequest(
+        response_trailers=ext_proc.HttpTrailers(trailers=headers(grpc_status="0"))
+    )
+    answers, status = run_open_stream(sidecar, [*before_trailers, trailers])
+    assert (len(answers), status) == (4, grpc.StatusCode.OK)

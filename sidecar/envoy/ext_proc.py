@@ -170,6 +170,8 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
                 return
             # A gRPC client reads a refusal from grpc-status, never from an HTTP body.
             yield as_grpc(answer) if exchange.grpc else answer
+            if _last_answer(exchange, request.WhichOneof("request"), answer):
+                return
 
     async def _handle(
         self, exchange: _Exchange, request: ext_proc.ProcessingRequest
@@ -594,6 +596,32 @@ def _headers_answer(
     if skip_body:
         answer.mode_override.CopyFrom(_SKIP_BODY)
     return answer
+
+
+def _last_answer(
+    exchange: _Exchange, kind: str | None, answer: ext_proc.ProcessingResponse
+) -> bool:
+    """True when Envoy sends nothing more on this stream after ``answer`` to a ``kind`` message.
+
+    The servicer then ends the stream itself (status OK). Left to Envoy, the
+    stream is cancelled after the last answer, and grpcio's asyncio server
+    leaks about 100 bytes of native memory per cancelled stream
+    (grpc/grpc#43360): 2.3 MiB a minute at 340 requests/s in the soak.
+    Ending it earlier than this would make Envoy skip the rest: a body unfiltered.
+    """
+    if answer.HasField("immediate_response") or kind == "response_trailers":
+        return True
+    overridden = answer.HasField("mode_override")
+    if kind == "request_headers" and overridden and answer.mode_override == _NOTHING_MORE:
+        return True  # a route whose answer the gate does not read
+    if kind == "request_body" and exchange.collections_only:
+        return True  # _REQUEST_BODY_ONLY: the collections were all it needed
+    if exchange.grpc:
+        return False  # a gRPC answer's trailers come after its body
+    if kind == "response_headers":
+        # _SKIP_BODY equals an unset mode (NONE is 0): only a set one says "no body".
+        return overridden and answer.mode_override == _SKIP_BODY
+    return kind == "response_body"
 
 
 def _headers_answer_for_request(
