@@ -62,6 +62,9 @@ SAMPLE_EVERY_S = 10.0
 WARM_UP_S = 120.0
 # The growth bound: what a soak may add after its warm-up.
 RSS_GROWTH = 0.10  # of the median RSS in the first minutes after the warm-up
+# A steady climb is a leak even while the total stays under RSS_GROWTH: the
+# least-squares slope of RSS after the warm-up, per hour.
+RSS_SLOPE_MIB_PER_HOUR = 10.0
 COUNT_GROWTH = 8  # descriptors, sockets, store connections
 
 
@@ -226,9 +229,19 @@ def growth(samples: Sequence[Sample], minutes: float) -> dict[str, Any]:
     for name in ("sidecar_rss_mib", "envoy_rss_mib"):
         a = statistics.median(getattr(s, name) for s in first)
         b = statistics.median(getattr(s, name) for s in last)
-        report[name] = {"first": a, "last": b, "growth": round(b / a - 1, 4) if a else 0.0}
+        slope = _slope_per_hour([s.at_s for s in settled], [getattr(s, name) for s in settled])
+        report[name] = {
+            "first": a,
+            "last": b,
+            "growth": round(b / a - 1, 4) if a else 0.0,
+            "slope_mib_per_hour": round(slope, 2),
+        }
         if a and b > a * (1 + RSS_GROWTH):
             problems.append(f"{name} grew {b / a - 1:.1%} (bound {RSS_GROWTH:.0%})")
+        if slope > RSS_SLOPE_MIB_PER_HOUR:
+            problems.append(
+                f"{name} climbs {slope:.1f} MiB/h (bound {RSS_SLOPE_MIB_PER_HOUR:g} MiB/h)"
+            )
     for name in ("sidecar_fds", "sidecar_sockets", "envoy_fds", "store_connections"):
         a = statistics.median(getattr(s, name) for s in first)
         b = statistics.median(getattr(s, name) for s in last)
@@ -238,6 +251,16 @@ def growth(samples: Sequence[Sample], minutes: float) -> dict[str, Any]:
             problems.append(f"{name} grew from {a} to {b} (bound +{COUNT_GROWTH})")
     report["problems"] = problems
     return report
+
+
+def _slope_per_hour(seconds: Sequence[float], values: Sequence[float]) -> float:
+    """Least-squares slope of ``values`` over ``seconds``, per hour."""
+    mean_t, mean_v = statistics.fmean(seconds), statistics.fmean(values)
+    spread = sum((t - mean_t) ** 2 for t in seconds)
+    if not spread:
+        return 0.0
+    slope = sum((t - mean_t) * (v - mean_v) for t, v in zip(seconds, values, strict=True))
+    return slope / spread * 3600
 
 
 def run_soak(
@@ -317,8 +340,11 @@ def judge_soak(result: dict[str, Any]) -> list[str]:
     return problems
 
 
-def plot(result: dict[str, Any], out: Path) -> None:
-    """Three panels over time: resident memory, descriptors and connections, answers/s."""
+def plot(result: dict[str, Any], out: Path, earlier: dict[str, Any] | None = None) -> None:
+    """Three panels over time: resident memory, descriptors and connections, answers/s.
+
+    ``earlier``: another soak's result, whose sidecar memory is drawn dashed for comparison.
+    """
     samples = result["samples"]
     minutes = [s["at_s"] / 60 for s in samples]
     figure = Figure(figsize=(8.0, 6.0), dpi=100, layout="constrained")
@@ -326,6 +352,14 @@ def plot(result: dict[str, Any], out: Path) -> None:
     memory.plot(
         minutes, [s["sidecar_rss_mib"] for s in samples], label="sidecar (2 workers + parent)"
     )
+    if earlier is not None:
+        memory.plot(
+            [s["at_s"] / 60 for s in earlier["samples"]],
+            [s["sidecar_rss_mib"] for s in earlier["samples"]],
+            linestyle="--",
+            color="#999999",
+            label=f"sidecar, {earlier['label']}",
+        )
     memory.plot(minutes, [s["envoy_rss_mib"] for s in samples], label="Envoy")
     memory.set_ylabel("RSS, MiB")
     memory.set_ylim(bottom=0)
@@ -358,6 +392,20 @@ def plot(result: dict[str, Any], out: Path) -> None:
     figure.savefig(out)
 
 
+def rejudge(path: Path, plot_to: Path | None, compare: Path | None) -> int:
+    """Judge a saved soak again (growth and problems), rewrite it, and redraw its plot."""
+    report = json.loads(path.read_text())
+    samples = [Sample(**s) for s in report["samples"]]
+    report["growth"] = growth(samples, report["seconds"] / 60)
+    report["problems"] = judge_soak(report)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    if plot_to is not None:
+        plot(report, plot_to, None if compare is None else json.loads(compare.read_text()))
+    for problem in report["problems"]:
+        print(f"FAILED: {problem}", file=sys.stderr)
+    return 1 if report["problems"] else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0)
@@ -374,7 +422,19 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak.json")
     parser.add_argument("--plot", type=Path, help="write the PNG here (e.g. docs/charts/soak.png)")
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        help="an earlier soak's JSON (with a 'label') whose sidecar memory the plot also draws",
+    )
+    parser.add_argument(
+        "--rejudge",
+        type=Path,
+        help="judge a saved result again with this revision's bounds (and redraw --plot)",
+    )
     args = parser.parse_args()
+    if args.rejudge is not None:
+        return rejudge(args.rejudge, args.plot, args.compare)
     started = time.time()
     result = run_soak(
         minutes=args.minutes,
@@ -394,7 +454,8 @@ def main() -> int:
     }
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     if args.plot is not None:
-        plot(result, args.plot)
+        earlier = None if args.compare is None else json.loads(args.compare.read_text())
+        plot(result, args.plot, earlier)
     summary = {k: v for k, v in report.items() if k not in ("samples", "machine")}
     print(json.dumps(summary, indent=2))
     for problem in result["problems"]:

@@ -17,7 +17,7 @@ from tests.fixtures.postgres import require_postgres
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from soak import Revocation, Revocations, propagation_ms, run_soak
+from soak import RSS_GROWTH, Revocation, Revocations, Sample, growth, propagation_ms, run_soak
 from traffic import READABLE_IDS, Answer
 
 pytestmark = [pytest.mark.envoy, pytest.mark.postgres]
@@ -76,3 +76,19 @@ def test_propagation_is_the_first_clean_answer_after_the_last_that_carried_the_c
         _answer(10.13, 10.15, {2}),
     ]
     assert [round(ms) for ms in propagation_ms(answers, [_revocation(1)])] == [50]
+
+
+def _samples(rss: list[float]) -> list[Sample]:
+    return [Sample(i * 10.0 + 120, value, 90, 20, 60.0, 40, 7, i) for i, value in enumerate(rss)]
+
+
+def test_a_steady_climb_fails_the_growth_bound_even_under_ten_percent() -> None:
+    # 0.25 MiB every 10 s: 90 MiB an hour, 7% over the soak: a leak all the same.
+    climbing = growth(_samples([330 + 0.25 * i for i in range(100)]), 20)
+    assert climbing["problems"] == ["sidecar_rss_mib climbs 90.0 MiB/h (bound 10 MiB/h)"]
+    assert climbing["sidecar_rss_mib"]["growth"] < RSS_GROWTH
+
+
+def test_noise_around_a_level_passes_the_growth_bound() -> None:
+    level = growth(_samples([330 + (i % 3) * 0.5 for i in range(100)]), 20)
+    assert level["problems"] == []
