@@ -46,6 +46,7 @@ from matplotlib.figure import Figure
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from core import percentile  # noqa: E402
 from machine import describe as describe_machine  # noqa: E402
 from rig import Rig, running_rig  # noqa: E402
 from traffic import (  # noqa: E402
@@ -212,11 +213,6 @@ def _ended(answer: Answer) -> float:
     return answer.ended
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def growth(samples: Sequence[Sample], minutes: float) -> dict[str, Any]:
     """Median of the first and the last stretch after the warm-up, per quantity, and the verdict."""
     settled = [s for s in samples if s.at_s >= min(WARM_UP_S, minutes * 60 / 4)]
@@ -295,7 +291,7 @@ def run_soak(
         answers = load.wait()
         elapsed = time.monotonic() - since
         chains = read_audit_chains(rig.audit_logs())
-        propagation = propagation_ms(answers, revocations.rounds)
+        propagation = sorted(propagation_ms(answers, revocations.rounds))
         latencies = sorted((a.ended - a.started) * 1000 for a in answers)
         return {
             "saturation_rps": round(full_rate, 1),
@@ -305,8 +301,8 @@ def run_soak(
             "seconds": round(elapsed, 1),
             "answers": tally(answers),
             "latency_ms": {
-                "p50": round(_percentile(latencies, 0.5), 2),
-                "p99": round(_percentile(latencies, 0.99), 2),
+                "p50": round(percentile(latencies, 0.5), 2),
+                "p99": round(percentile(latencies, 0.99), 2),
                 "max": round(latencies[-1], 2),
             },
             "audit": {
@@ -318,8 +314,8 @@ def run_soak(
             "revocations": len(revocations.rounds),
             "propagation_ms": {
                 "measured": len(propagation),
-                "p50": round(_percentile(propagation, 0.5), 1) if propagation else None,
-                "p99": round(_percentile(propagation, 0.99), 1) if propagation else None,
+                "p50": round(percentile(propagation, 0.5), 1) if propagation else None,
+                "p99": round(percentile(propagation, 0.99), 1) if propagation else None,
                 "max": round(max(propagation), 1) if propagation else None,
             },
             "growth": growth(samples, minutes),
