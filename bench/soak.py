@@ -336,10 +336,10 @@ def judge_soak(result: dict[str, Any]) -> list[str]:
     return problems
 
 
-def plot(result: dict[str, Any], out: Path, earlier: dict[str, Any] | None = None) -> None:
+def plot(result: dict[str, Any], out: Path, earlier: Sequence[dict[str, Any]] = ()) -> None:
     """Three panels over time: resident memory, descriptors and connections, answers/s.
 
-    ``earlier``: another soak's result, whose sidecar memory is drawn dashed for comparison.
+    ``earlier``: other soaks' results, whose sidecar memory is drawn dashed for comparison.
     """
     samples = result["samples"]
     minutes = [s["at_s"] / 60 for s in samples]
@@ -348,13 +348,13 @@ def plot(result: dict[str, Any], out: Path, earlier: dict[str, Any] | None = Non
     memory.plot(
         minutes, [s["sidecar_rss_mib"] for s in samples], label="sidecar (2 workers + parent)"
     )
-    if earlier is not None:
+    for other, linestyle in zip(earlier, ("--", ":", "-."), strict=False):
         memory.plot(
-            [s["at_s"] / 60 for s in earlier["samples"]],
-            [s["sidecar_rss_mib"] for s in earlier["samples"]],
-            linestyle="--",
+            [s["at_s"] / 60 for s in other["samples"]],
+            [s["sidecar_rss_mib"] for s in other["samples"]],
+            linestyle=linestyle,
             color="#999999",
-            label=f"sidecar, {earlier['label']}",
+            label=f"sidecar, {other['label']}",
         )
     memory.plot(minutes, [s["envoy_rss_mib"] for s in samples], label="Envoy")
     memory.set_ylabel("RSS, MiB")
@@ -388,7 +388,7 @@ def plot(result: dict[str, Any], out: Path, earlier: dict[str, Any] | None = Non
     figure.savefig(out)
 
 
-def rejudge(path: Path, plot_to: Path | None, compare: Path | None) -> int:
+def rejudge(path: Path, plot_to: Path | None, compare: Sequence[Path]) -> int:
     """Judge a saved soak again (growth and problems), rewrite it, and redraw its plot."""
     report = json.loads(path.read_text())
     samples = [Sample(**s) for s in report["samples"]]
@@ -396,7 +396,7 @@ def rejudge(path: Path, plot_to: Path | None, compare: Path | None) -> int:
     report["problems"] = judge_soak(report)
     path.write_text(json.dumps(report, indent=2) + "\n")
     if plot_to is not None:
-        plot(report, plot_to, None if compare is None else json.loads(compare.read_text()))
+        plot(report, plot_to, [json.loads(p.read_text()) for p in compare])
     for problem in report["problems"]:
         print(f"FAILED: {problem}", file=sys.stderr)
     return 1 if report["problems"] else 0
@@ -421,7 +421,10 @@ def main() -> int:
     parser.add_argument(
         "--compare",
         type=Path,
-        help="an earlier soak's JSON (with a 'label') whose sidecar memory the plot also draws",
+        action="append",
+        default=[],
+        help="an earlier soak's JSON (with a 'label') whose sidecar memory the plot also draws"
+        " (repeatable)",
     )
     parser.add_argument(
         "--rejudge",
@@ -450,8 +453,7 @@ def main() -> int:
     }
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     if args.plot is not None:
-        earlier = None if args.compare is None else json.loads(args.compare.read_text())
-        plot(result, args.plot, earlier)
+        plot(result, args.plot, [json.loads(p.read_text()) for p in args.compare])
     summary = {k: v for k, v in report.items() if k not in ("samples", "machine")}
     print(json.dumps(summary, indent=2))
     for problem in result["problems"]:

@@ -541,6 +541,24 @@ def test_the_comparison_sees_a_changed_fail_closed_setting(tmp_path: Path) -> No
     )
 
 
+def istio_runtime_values(overlay: str) -> dict[str, str]:
+    """The Envoy runtime values the gated pod asks of its istio-proxy (proxy.istio.io/config)."""
+    annotations = gated_deployment(overlay)["spec"]["template"]["metadata"]["annotations"]
+    (proxy_config,) = yaml_documents(annotations["proxy.istio.io/config"])
+    values: dict[str, str] = proxy_config.get("runtimeValues", {})
+    return values
+
+
+@pytest.mark.parametrize("overlay", ISTIO_OVERLAYS)
+def test_istio_proxy_gets_the_runtime_proxy_generates(overlay: str, tmp_path: Path) -> None:
+    # An EnvoyFilter cannot set runtime values; Istio takes them from the pod's
+    # ProxyConfig, as strings.
+    (layer,) = generated(pod_settings(overlay, tmp_path))["layered_runtime"]["layers"]
+    expected = {key: json.dumps(value) for key, value in layer["static_layer"].items()}
+    assert expected
+    assert istio_runtime_values(overlay) == expected
+
+
 # --- EnvoyFilter patch values through `envoy --mode validate` ------------------------------------
 
 

@@ -604,10 +604,12 @@ def _last_answer(
     """True when Envoy sends nothing more on this stream after ``answer`` to a ``kind`` message.
 
     The servicer then ends the stream itself (status OK). Left to Envoy, the
-    stream is cancelled after the last answer, and grpcio's asyncio server
-    leaks about 100 bytes of native memory per cancelled stream
-    (grpc/grpc#43360): 2.3 MiB a minute at 340 requests/s in the soak.
-    Ending it earlier than this would make Envoy skip the rest: a body unfiltered.
+    stream would be cancelled after the last answer (an Envoy without the
+    graceful close of ``sidecar.runtime.bootstrap.ENVOY_RUNTIME``), and
+    grpcio's asyncio server leaks about 100 bytes of native memory per
+    cancelled stream (grpc/grpc#43360): 2.3 MiB a minute at 340 requests/s in
+    the soak. Ending it earlier than this would make Envoy skip the rest: a
+    body unfiltered.
     """
     if answer.HasField("immediate_response") or kind == "response_trailers":
         return True
