@@ -541,12 +541,12 @@ def test_the_comparison_sees_a_changed_fail_closed_setting(tmp_path: Path) -> No
     )
 
 
-def istio_runtime_values(overlay: str) -> dict[str, str]:
-    """The Envoy runtime values the gated pod asks of its istio-proxy (proxy.istio.io/config)."""
+def istio_proxy_config(overlay: str) -> dict[str, Any]:
+    """What the gated pod asks of its istio-proxy (the proxy.istio.io/config annotation)."""
     annotations = gated_deployment(overlay)["spec"]["template"]["metadata"]["annotations"]
     (proxy_config,) = yaml_documents(annotations["proxy.istio.io/config"])
-    values: dict[str, str] = proxy_config.get("runtimeValues", {})
-    return values
+    found: dict[str, Any] = proxy_config
+    return found
 
 
 @pytest.mark.parametrize("overlay", ISTIO_OVERLAYS)
@@ -556,7 +556,13 @@ def test_istio_proxy_gets_the_runtime_proxy_generates(overlay: str, tmp_path: Pa
     (layer,) = generated(pod_settings(overlay, tmp_path))["layered_runtime"]["layers"]
     expected = {key: json.dumps(value) for key, value in layer["static_layer"].items()}
     assert expected
-    assert istio_runtime_values(overlay) == expected
+    assert istio_proxy_config(overlay)["runtimeValues"] == expected
+
+
+@pytest.mark.parametrize("overlay", ISTIO_OVERLAYS)
+def test_istio_proxy_starts_before_the_gate(overlay: str) -> None:
+    # The gate's first JWKS fetch and store connection go through istio-proxy.
+    assert istio_proxy_config(overlay)["holdApplicationUntilProxyStarts"] is True
 
 
 # --- EnvoyFilter patch values through `envoy --mode validate` ------------------------------------
