@@ -37,6 +37,7 @@ import logging
 import os
 import platform
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -315,11 +316,8 @@ def slope(rows: list[dict[str, Any]], size: int, cache: str) -> float | None:
     ]
     if len(points) < 2:
         return None
-    mean_x = sum(x for x, _ in points) / len(points)
-    mean_y = sum(y for _, y in points) / len(points)
-    num = sum((x - mean_x) * (y - mean_y) for x, y in points)
-    den = sum((x - mean_x) ** 2 for x, _ in points)
-    return round(num / den, 2)
+    fit = statistics.linear_regression([x for x, _ in points], [y for _, y in points])
+    return round(fit.slope, 2)
 
 
 async def main() -> None:

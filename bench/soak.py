@@ -225,7 +225,11 @@ def growth(samples: Sequence[Sample], minutes: float) -> dict[str, Any]:
     for name in ("sidecar_rss_mib", "envoy_rss_mib"):
         a = statistics.median(getattr(s, name) for s in first)
         b = statistics.median(getattr(s, name) for s in last)
-        slope = _slope_per_hour([s.at_s for s in settled], [getattr(s, name) for s in settled])
+        # Per hour; the settled samples are 10 s apart, so the times never all coincide.
+        fit = statistics.linear_regression(
+            [s.at_s for s in settled], [getattr(s, name) for s in settled]
+        )
+        slope = fit.slope * 3600
         report[name] = {
             "first": a,
             "last": b,
@@ -247,16 +251,6 @@ def growth(samples: Sequence[Sample], minutes: float) -> dict[str, Any]:
             problems.append(f"{name} grew from {a} to {b} (bound +{COUNT_GROWTH})")
     report["problems"] = problems
     return report
-
-
-def _slope_per_hour(seconds: Sequence[float], values: Sequence[float]) -> float:
-    """Least-squares slope of ``values`` over ``seconds``, per hour."""
-    mean_t, mean_v = statistics.fmean(seconds), statistics.fmean(values)
-    spread = sum((t - mean_t) ** 2 for t in seconds)
-    if not spread:
-        return 0.0
-    slope = sum((t - mean_t) * (v - mean_v) for t, v in zip(seconds, values, strict=True))
-    return slope / spread * 3600
 
 
 def run_soak(
