@@ -58,6 +58,7 @@ from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.core.gate import Gate
 from sidecar.core.hits import Route
 from sidecar.core.integrity import canonical_sha256
+from sidecar.core.modes import RoutePolicies
 from sidecar.enforcement.response_filter import ResponseFilter
 from sidecar.metrics import GateMetrics
 from sidecar.rego.regorus_engine import RegorusEngine
@@ -124,7 +125,7 @@ class Core:
             gate=self.gate,
             audit=self.audit,
             metrics=self.metrics,
-            route_policy=settings.route_policy,
+            policies=RoutePolicies(settings.route_policy),
         )
         self.format = self.filter.format_for(ROUTE)
         assert self.format is not None

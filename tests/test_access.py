@@ -11,19 +11,19 @@ import asyncio
 
 import pytest
 
-from sidecar.access import AccessDenied, RequestAccess
 from sidecar.formats.elasticsearch import ElasticsearchFormat
 from sidecar.formats.qdrant import QdrantFormat
 from sidecar.formats.registry import FormatTable
 from sidecar.identity import AuthRequest
 from sidecar.identity.headers import TrustedHeaders
+from sidecar.request.admission import RequestAdmission, RequestRefused
 
 IDENTITY = {"x-gate-tenant": "acme", "x-gate-principals": "user:a"}
 ROUTES = FormatTable([QdrantFormat(), ElasticsearchFormat()])
 
 
 def admit(method: str, path: str, headers: dict[str, str] | None = None) -> tuple[str, ...]:
-    access = RequestAccess(TrustedHeaders(), None, route_kind=ROUTES.route_kind)
+    access = RequestAdmission(TrustedHeaders(), None, route_kind=ROUTES.route_kind)
     request = AuthRequest(method, path, {**IDENTITY, **(headers or {})})
     return asyncio.run(access.admit(request)).strip_headers
 
@@ -40,10 +40,10 @@ def admit(method: str, path: str, headers: dict[str, str] | None = None) -> tupl
     ],
 )
 def test_probes_of_routes_that_return_chunks_are_refused(method: str, path: str) -> None:
-    with pytest.raises(AccessDenied) as refused:
+    with pytest.raises(RequestRefused) as refused:
         admit(method, path)
-    assert refused.value.status == 405
-    assert refused.value.body() == b'{"error":"method_not_allowed"}'
+    assert refused.value.refusal.http_status == 405
+    assert refused.value.refusal.body() == b'{"error":"method_not_allowed"}'
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_probes_of_routes_without_chunks_pass(method: str, path: str) -> None:
 
 def test_options_is_refused_where_any_method_returns_chunks() -> None:
     # GET /collections/docs/exists is a read, but a POST there would be content.
-    with pytest.raises(AccessDenied):
+    with pytest.raises(RequestRefused):
         admit("OPTIONS", "/collections/docs/exists")
 
 
@@ -79,17 +79,17 @@ def test_nothing_is_stripped_that_was_not_sent() -> None:
 
 def test_a_header_that_picks_the_database_is_refused() -> None:
     # Milvus' DB-Name header would move collectionName to a database the policy never saw.
-    with pytest.raises(AccessDenied) as refused:
+    with pytest.raises(RequestRefused) as refused:
         admit("POST", "/v2/vectordb/entities/search", {"db-name": "finance"})
-    assert refused.value.status == 400
-    assert refused.value.body() == b'{"error":"request_not_filterable"}'
+    assert refused.value.refusal.http_status == 400
+    assert refused.value.refusal.body() == b'{"error":"request_not_filterable"}'
 
 
 @pytest.mark.parametrize("database", ["finance", "default2", " x "])
 def test_pymilvus_dbname_metadata_naming_a_database_is_refused(database: str) -> None:
-    with pytest.raises(AccessDenied) as refused:
+    with pytest.raises(RequestRefused) as refused:
         admit("POST", "/milvus.proto.milvus.MilvusService/Search", {"dbname": database})
-    assert refused.value.status == 400
+    assert refused.value.refusal.http_status == 400
 
 
 @pytest.mark.parametrize("database", ["", "default"])
@@ -99,13 +99,13 @@ def test_pymilvus_dbname_metadata_for_the_default_database_passes(database: str)
 
 def test_the_grpc_health_check_needs_no_caller_and_gets_credentials_stripped() -> None:
     # Database clients (the Weaviate v4 client) call it at connect, without credentials.
-    access = RequestAccess(TrustedHeaders(), None, route_kind=ROUTES.route_kind)
+    access = RequestAdmission(TrustedHeaders(), None, route_kind=ROUTES.route_kind)
     probe = AuthRequest("POST", "/grpc.health.v1.Health/Check", {"x-gate-tenant": "forged"})
     admission = asyncio.run(access.admit(probe))
     assert admission.caller is None
     assert "x-gate-tenant" in admission.strip_headers
     # Only that call: Watch streams, and any other path needs a caller.
     for path in ("/grpc.health.v1.Health/Watch", "/grpc.health.v1.Health/Check/x"):
-        with pytest.raises(AccessDenied) as refused:
+        with pytest.raises(RequestRefused) as refused:
             asyncio.run(access.admit(AuthRequest("POST", path, {})))
-        assert refused.value.status == 401
+        assert refused.value.refusal.http_status == 401

@@ -26,7 +26,7 @@ from sidecar.core.caller import Caller
 from sidecar.core.chunk_record import Status
 from sidecar.core.gate import Gate
 from sidecar.core.hits import Candidate, Route
-from sidecar.core.modes import Mode, RoutePolicy
+from sidecar.core.modes import Mode, RoutePolicies, RoutePolicy
 from sidecar.enforcement.deciding import Decided, Decider
 from sidecar.enforcement.response_filter import FilterResult, ResponseFilter
 from sidecar.metrics import GateMetrics
@@ -67,7 +67,7 @@ class Core:
             gate=self.gate,
             audit=audit or self.audit,
             metrics=self.metrics,
-            route_policy=route_policy or Settings().route_policy,
+            policies=RoutePolicies(route_policy or Settings().route_policy),
             max_hits=max_hits,
             clock=lambda: self.now,
         )

@@ -27,7 +27,8 @@ from google.protobuf import struct_pb2
 from sidecar.config import IdentityMode, RouteOptions, Settings
 from sidecar.core.hits import Route, RouteKind
 from sidecar.core.modes import Mode
-from sidecar.envoy.ext_proc import IDENTITY_NAMESPACE, ExternalProcessorServicer
+from sidecar.envoy.ext_proc import ExternalProcessorServicer
+from sidecar.request.request_path import IDENTITY_NAMESPACE
 from sidecar.formats.registry import FormatTable
 from sidecar.runtime.server import Sidecar
 from sidecar.store.loader import parse_record
@@ -98,8 +99,8 @@ async def _servicer_stub(sidecar: Sidecar) -> AsyncIterator[ext_proc_grpc.Extern
     server = grpc.aio.server()
     ext_proc_grpc.add_ExternalProcessorServicer_to_server(
         ExternalProcessorServicer(
+            sidecar.request_path,
             sidecar.response_filter,
-            sidecar.access,
             max_body_bytes=sidecar.settings.max_body_bytes,
         ),
         server,
@@ -658,7 +659,7 @@ def test_a_large_body_is_parsed_off_the_event_loop_while_small_ones_complete(
         server = grpc.aio.server(options=options)
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(
             ExternalProcessorServicer(
-                sidecar.response_filter, sidecar.access, max_body_bytes=settings.max_body_bytes
+                sidecar.request_path, sidecar.response_filter, max_body_bytes=settings.max_body_bytes
             ),
             server,
         )

@@ -211,6 +211,8 @@ class _ScriptedEngine:
     """A policy engine whose answer a test dictates (for error and custom-reason paths)."""
 
     version = "scripted"
+    time_pure = False
+    remote = False
 
     def __init__(self, answer: Mapping[str, list[str]] | Exception) -> None:
         self._answer = answer

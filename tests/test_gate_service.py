@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from sidecar.envoy.gate_service import told_reasons
+from sidecar.enforcement.candidates import told_reasons
 from sidecar.integrations.client import GateClient, GateError
 from sidecar.wire import gate_pb2, gate_pb2_grpc
 from tests.fixtures import tokens

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from sidecar.core.hits import Route
 from sidecar.envoy import grpc_body
 from sidecar.envoy.content_encoding import UndecodableBody
-from sidecar.envoy.grpc_status import GrpcCode, as_grpc, grpc_code_for
-from sidecar.envoy.messages import immediate
+from sidecar.envoy.messages import refusal_answer
 from sidecar.formats import grpc_frames, grpc_messages
 from sidecar.formats.base import MalformedBody
 from sidecar.formats.grpc_adapter import decode_unary, encode_unary, grpc_method
+from sidecar.refusals import FORBIDDEN, GrpcStatus, grpc_status_for
 
 
 def compressed_frame(message: bytes) -> bytes:
@@ -136,20 +136,20 @@ def test_unary_bodies_hold_exactly_one_message() -> None:
 @pytest.mark.parametrize(
     ("status", "code"),
     [
-        (401, GrpcCode.UNAUTHENTICATED),
-        (403, GrpcCode.PERMISSION_DENIED),
-        (400, GrpcCode.INVALID_ARGUMENT),
-        (405, GrpcCode.UNIMPLEMENTED),
-        (503, GrpcCode.UNAVAILABLE),
+        (401, GrpcStatus.UNAUTHENTICATED),
+        (403, GrpcStatus.PERMISSION_DENIED),
+        (400, GrpcStatus.INVALID_ARGUMENT),
+        (405, GrpcStatus.UNIMPLEMENTED),
+        (503, GrpcStatus.UNAVAILABLE),
         # Never a status pymilvus retries (UNKNOWN, INTERNAL, UNAVAILABLE) for
         # what asking again cannot change.
-        (500, GrpcCode.PERMISSION_DENIED),
-        (502, GrpcCode.PERMISSION_DENIED),
+        (500, GrpcStatus.PERMISSION_DENIED),
+        (502, GrpcStatus.PERMISSION_DENIED),
     ],
 )
-def test_refusals_become_grpc_statuses(status: int, code: GrpcCode) -> None:
-    assert grpc_code_for(status) is code
-    answer = as_grpc(immediate(status, b'{"error":"forbidden"}', "details"))
+def test_refusals_become_grpc_statuses(status: int, code: GrpcStatus) -> None:
+    assert grpc_status_for(status) is code
+    answer = refusal_answer(FORBIDDEN.at_status(status), grpc=True)
     refusal = answer.immediate_response
     assert refusal.grpc_status.status == code
     # Envoy marks it application/grpc; a JSON content type would break the client.
@@ -157,10 +157,19 @@ def test_refusals_become_grpc_statuses(status: int, code: GrpcCode) -> None:
     assert refusal.body == b'{"error":"forbidden"}'  # Envoy's grpc-message
 
 
-def test_an_upstream_status_already_set_is_kept() -> None:
-    answer = immediate(502, b"{}", "details")
-    answer.immediate_response.grpc_status.status = GrpcCode.NOT_FOUND
-    assert as_grpc(answer).immediate_response.grpc_status.status == GrpcCode.NOT_FOUND
+def test_an_upstream_status_given_replaces_the_refusals_own() -> None:
+    answer = refusal_answer(FORBIDDEN.at_status(502), grpc=True, grpc_status=GrpcStatus.NOT_FOUND)
+    assert answer.immediate_response.grpc_status.status == GrpcStatus.NOT_FOUND
+
+
+def test_an_http_refusal_carries_its_json_body_and_no_grpc_status() -> None:
+    answer = refusal_answer(FORBIDDEN, grpc=False).immediate_response
+    assert answer.status.code == 403
+    assert not answer.HasField("grpc_status")
+    assert answer.details == "retrieval_gate_forbidden"
+    assert [(h.header.key, h.header.raw_value) for h in answer.headers.set_headers] == [
+        ("content-type", b"application/json")
+    ]
 
 
 def test_the_gate_imports_no_database_client_package() -> None:

@@ -10,7 +10,6 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from sidecar.access import RequestAccess
 from sidecar.core.caller import Caller, IdentityError
 from sidecar.core.hits import Route
 from sidecar.envoy.ext_authz import AuthorizationServicer
@@ -18,6 +17,7 @@ from sidecar.formats.qdrant import QdrantFormat
 from sidecar.formats.registry import path_collections
 from sidecar.identity import AuthRequest
 from sidecar.identity.headers import TrustedHeaders
+from sidecar.request.admission import RequestAdmission
 from sidecar.wire import ext_authz_pb2 as authz
 from sidecar.wire import ext_authz_pb2_grpc as authz_grpc
 
@@ -66,10 +66,13 @@ async def _check_async(
     headers: dict[str, str], refused: list[int] | None = None
 ) -> authz.CheckResponse:
     server = grpc.aio.server()
-    access = RequestAccess(
-        TrustedHeaders(), request_policy=None, route_kind=QdrantFormat().route_kind
+    access = RequestAdmission(
+        TrustedHeaders(),
+        request_policy=None,
+        route_kind=QdrantFormat().route_kind,
+        count_refusal=(refused if refused is not None else []).append,
     )
-    servicer = AuthorizationServicer(access, (refused if refused is not None else []).append)
+    servicer = AuthorizationServicer(access)
     authz_grpc.add_AuthorizationServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -122,6 +125,8 @@ class RecordingPolicy:
     """Allows everything and keeps the inputs it was asked about."""
 
     version = "recording"
+    time_pure = False
+    remote = False
 
     def __init__(self) -> None:
         self.inputs: list[Mapping[str, Any]] = []
@@ -145,7 +150,7 @@ def test_the_request_policy_learns_what_the_route_does(
     method: str, path: str, kind: str | None
 ) -> None:
     policy = RecordingPolicy()
-    access = RequestAccess(TrustedHeaders(), policy, route_kind=QdrantFormat().route_kind)
+    access = RequestAdmission(TrustedHeaders(), policy, route_kind=QdrantFormat().route_kind)
     request = AuthRequest(method, path, {"x-gate-tenant": "acme", "x-gate-principals": "user:a"})
     asyncio.run(access.admit(request))
     assert policy.inputs[0]["route_kind"] == kind
@@ -160,7 +165,7 @@ def test_path_collections() -> None:
 
 def test_the_request_policy_sees_every_collection_of_the_route_and_body() -> None:
     policy = RecordingPolicy()
-    access = RequestAccess(
+    access = RequestAdmission(
         TrustedHeaders(), policy, route_kind=QdrantFormat().route_kind, collections=lambda r: ["a"]
     )
     request = AuthRequest(
@@ -168,9 +173,8 @@ def test_the_request_policy_sees_every_collection_of_the_route_and_body() -> Non
     )
     admission = asyncio.run(access.admit(request))
     assert admission.caller is not None
-    access.check_body_collections(
-        admission.caller, Route("POST", "/x/points/search"), ["b", "a", "c"]
-    )
+    route = Route("POST", "/x/points/search")
+    asyncio.run(access.check_collections(admission.caller, route, ["b", "a", "c"]))
     assert [document["collections"] for document in policy.inputs] == [["a"], ["a", "b", "c"]]
 
 

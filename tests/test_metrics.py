@@ -15,6 +15,7 @@ from sidecar.core.caller import Caller
 from sidecar.core.drift import Drift
 from sidecar.core.gate import Gate
 from sidecar.core.hits import Route
+from sidecar.core.modes import RoutePolicies
 from sidecar.core.outcome import Outcome
 from sidecar.enforcement.response_filter import ResponseFilter
 from sidecar.formats.base import RequestRewrite
@@ -175,7 +176,7 @@ def counted(tmp_path: Path) -> tuple[ResponseFilter, GateMetrics]:
         gate=Gate(RegorusEngine.from_directory(default_policy_dir())),
         audit=NullAuditSink(),
         metrics=metrics,
-        route_policy=Settings().route_policy,
+        policies=RoutePolicies(Settings().route_policy),
     )
     return response_filter, metrics
 

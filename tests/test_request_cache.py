@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from sidecar.access import AccessDenied, RequestAccess, RequestAnswers
 from sidecar.config import default_policy_dir
 from sidecar.core.caller import Caller
 from sidecar.core.policy import PolicyError
@@ -22,7 +21,10 @@ from sidecar.formats.qdrant import QdrantFormat
 from sidecar.formats.registry import FormatTable
 from sidecar.identity import AuthRequest
 from sidecar.identity.headers import TrustedHeaders
+from sidecar.refusals import Refusal
 from sidecar.rego.request_policy import RequestPolicy
+from sidecar.request.admission import RequestAdmission, RequestRefused
+from sidecar.request.answers import AnswerKey, RequestAnswers
 
 ROUTES = FormatTable([QdrantFormat()])
 SEARCH = "/collections/sops/points/search"
@@ -34,6 +36,7 @@ class Counting:
 
     def __init__(self, *, time_pure: bool = True) -> None:
         self.time_pure = time_pure
+        self.remote = False
         self.version = "v1"
         self.inputs: list[Mapping[str, Any]] = []
         self.deny: dict[str, list[str]] = {}  # path -> denials
@@ -46,8 +49,8 @@ class Counting:
         return self.deny.get(str(request_input["path"]), [])
 
 
-def access_with(policy: Any, size: int = 100) -> RequestAccess:
-    return RequestAccess(
+def access_with(policy: Any, size: int = 100) -> RequestAdmission:
+    return RequestAdmission(
         TrustedHeaders(),
         policy,
         route_kind=ROUTES.route_kind,
@@ -56,14 +59,14 @@ def access_with(policy: Any, size: int = 100) -> RequestAccess:
     )
 
 
-def admit(access: RequestAccess, path: str = SEARCH, **headers: str) -> None:
+def admit(access: RequestAdmission, path: str = SEARCH, **headers: str) -> None:
     asyncio.run(access.admit(AuthRequest("POST", path, {**ALICE, **headers})))
 
 
-def refused(access: RequestAccess, path: str = SEARCH, **headers: str) -> AccessDenied:
-    with pytest.raises(AccessDenied) as refusal:
+def refused(access: RequestAdmission, path: str = SEARCH, **headers: str) -> Refusal:
+    with pytest.raises(RequestRefused) as refusal:
         admit(access, path, **headers)
-    return refusal.value
+    return refusal.value.refusal
 
 
 def test_the_same_input_is_evaluated_once() -> None:
@@ -79,7 +82,11 @@ def test_denials_are_kept_and_answered_alike() -> None:
     policy.deny[SEARCH] = ["COLLECTION_FORBIDDEN"]
     access = access_with(policy)
     first, second = refused(access), refused(access)
-    assert (first.status, first.code, first.reasons) == (second.status, second.code, second.reasons)
+    assert (first.http_status, first.code, first.reasons) == (
+        second.http_status,
+        second.code,
+        second.reasons,
+    )
     assert first.reasons == ("COLLECTION_FORBIDDEN",)
     assert len(policy.inputs) == 1
 
@@ -114,7 +121,7 @@ def test_the_drafts_scope_is_part_of_the_key() -> None:
     policy = Counting()
     answers = RequestAnswers(100)
     for identity in (TrustedHeaders(), Drafts()):
-        access = RequestAccess(identity, policy, route_kind=ROUTES.route_kind, answers=answers)
+        access = RequestAdmission(identity, policy, route_kind=ROUTES.route_kind, answers=answers)
         admit(access)
     assert [i["caller"]["drafts_allowed"] for i in policy.inputs] == [False, True]
 
@@ -149,14 +156,14 @@ def test_a_policy_that_is_not_time_pure_is_asked_every_time() -> None:
 
 def test_the_cache_is_bounded_least_recently_used_first() -> None:
     answers = RequestAnswers(2)
-    keys = [("v", f"caller{i}", "POST", "/", ()) for i in range(3)]
-    answers.put(keys[0], ())  # type: ignore[arg-type]
-    answers.put(keys[1], ())  # type: ignore[arg-type]
-    assert answers.get(keys[0]) == ()  # type: ignore[arg-type]
-    answers.put(keys[2], ())  # type: ignore[arg-type]
+    keys: list[AnswerKey] = [("v", Caller(f"t{i}", frozenset()), "POST", "/", ()) for i in range(3)]
+    answers.put(keys[0], ())
+    answers.put(keys[1], ())
+    assert answers.get(keys[0]) == ()
+    answers.put(keys[2], ())
     assert len(answers) == 2
-    assert answers.get(keys[1]) is None  # type: ignore[arg-type]
-    assert answers.get(keys[0]) == ()  # type: ignore[arg-type]
+    assert answers.get(keys[1]) is None
+    assert answers.get(keys[0]) == ()
 
 
 def test_a_size_below_one_is_refused() -> None:

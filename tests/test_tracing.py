@@ -45,7 +45,7 @@ from sidecar.core.chunk_record import ChunkRecord
 from sidecar.core.gate import Gate
 from sidecar.core.hits import Route
 from sidecar.core.integrity import canonical_sha256
-from sidecar.core.modes import Mode
+from sidecar.core.modes import Mode, RoutePolicies
 from sidecar.core.reasons import Reason
 from sidecar.enforcement.response_filter import FilterResult, ResponseFilter
 from sidecar.formats.base import RequestRewrite, RequestRewriter
@@ -143,7 +143,7 @@ class Traced:
             gate=Gate(POLICY),
             audit=JsonlAuditSink(self.audit_path),
             metrics=GateMetrics(),
-            route_policy=settings.route_policy,
+            policies=RoutePolicies(settings.route_policy),
             clock=lambda: NOW,
             tracer=gate_tracer(provider),
         )

@@ -44,6 +44,7 @@ class Counting:
         self._engine = engine
         self.version = version or engine.version
         self.time_pure = engine.time_pure
+        self.remote = False
         self.evaluated: list[list[str]] = []
         self.fail = False
 
@@ -113,9 +114,11 @@ def test_a_policy_without_the_declaration_gets_no_cache() -> None:
     assert engine.evaluated == [["c1"], ["c1"]]
 
 
-def test_an_engine_without_the_attribute_gets_no_cache() -> None:
+def test_an_engine_that_declares_itself_not_time_pure_gets_no_cache() -> None:
     class Plain:
         version = "plain"
+        time_pure = False
+        remote = False
 
         def evaluate(self, policy_input: Mapping[str, Any]) -> Mapping[str, list[str]]:
             return {c["id"]: [] for c in policy_input["chunks"]}

@@ -17,11 +17,14 @@ class IdentityError(Exception):
 
     ``code`` is a short machine-readable reason (``token_expired``, ...) that
     the client sees in the 401 body; the message is for the sidecar's log.
+    ``outage``: the identity provider could not be reached (503, not 401: an
+    outage is not the caller's fault, and a client may retry it).
     """
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, outage: bool = False) -> None:
         super().__init__(message)
         self.code = code
+        self.outage = outage
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,7 +75,7 @@ class Gate:
         self._policy = policy
         self._order = order or ReasonOrder()
         self._canonical_reasons: dict[tuple[str, ...], tuple[str, ...]] = {}
-        cacheable = getattr(policy, "time_pure", False) is True
+        cacheable = policy.time_pure
         self._verdicts = (
             VerdictCache(verdict_cache_size) if cacheable and verdict_cache_size else None
         )
@@ -84,7 +84,7 @@ class Gate:
     def evaluates_remotely(self) -> bool:
         """True when the policy engine waits on the network (``policy.remote``): then
         ``decide`` belongs off the event loop."""
-        return getattr(self._policy, "remote", False) is True
+        return self._policy.remote
 
     @property
     def verdict_cache(self) -> VerdictCache | None:

@@ -19,20 +19,24 @@ class PolicyError(Exception):
 
 
 class PolicyEngine(Protocol):
-    """A chunk policy engine.
-
-    An engine may also have a ``time_pure`` attribute: ``True`` when the loaded
-    policy declares that its verdicts may be cached per (caller, record) until
-    the record's next validity boundary (policies/README.md, "Verdict cache").
-    The gate reads it with a default of ``False``, so engines without it are
-    evaluated for every chunk of every response. Likewise ``remote``: ``True``
-    when ``evaluate`` waits on the network (an OPA server), so that callers run
-    it off their event loop.
-    """
+    """A chunk policy engine, with the two capabilities callers plan around."""
 
     @property
     def version(self) -> str:
         """Identifies the loaded policy (a digest of its sources) for audit records."""
+        ...
+
+    @property
+    def time_pure(self) -> bool:
+        """True when the loaded policy declares that its verdicts may be cached per
+        (caller, record) until the record's next validity boundary (policies/README.md,
+        "Verdict cache"); False evaluates every chunk of every response."""
+        ...
+
+    @property
+    def remote(self) -> bool:
+        """True when ``evaluate`` waits on the network (an OPA server): callers then
+        run it off their event loop."""
         ...
 
     def evaluate(self, policy_input: Mapping[str, Any]) -> Mapping[str, list[str]]:
@@ -42,6 +46,30 @@ class PolicyEngine(Protocol):
         reasons per chunk id; an empty list admits the chunk. Raises PolicyError
         on any engine failure.
         """
+        ...
+
+
+class RequestPolicyEngine(Protocol):
+    """The request policy (``policies/request.rego``): may this caller use this route?"""
+
+    @property
+    def version(self) -> str:
+        """Changes whenever the policy's answers may change (sources, data, revision)."""
+        ...
+
+    @property
+    def time_pure(self) -> bool:
+        """True when the policy's answer depends only on its input and the policy, so
+        that it may be kept per input and policy version."""
+        ...
+
+    @property
+    def remote(self) -> bool:
+        """True when ``evaluate`` waits on the network: callers run it off their loop."""
+        ...
+
+    def evaluate(self, request_input: Mapping[str, Any]) -> list[str]:
+        """Reasons to refuse the request (empty: allowed); raises PolicyError."""
         ...
 
 

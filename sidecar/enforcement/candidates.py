@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from sidecar.core.decision import ChunkDecision
 from sidecar.core.hits import Candidate, Replacement
+from sidecar.core.reasons import Reason
+from sidecar.refusals import Refusal
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,14 +43,53 @@ class CandidateList:
 class CandidatesAnswer:
     """What became of a list of candidates.
 
-    ``status`` 200: ``released`` holds the positions the client may use and
-    ``decisions`` every candidate's decision. Any other status is a refusal
-    with ``code`` (``sidecar.refusals``): strict mode with a rejected chunk,
-    too many candidates, an audit record that could not be written.
+    Without a ``refusal``, ``released`` holds the positions the client may
+    use and ``decisions`` every candidate's decision. A refusal
+    (``sidecar.refusals``) answers the whole call: strict mode with a rejected
+    chunk, too many candidates, an audit record that could not be written.
     """
 
     decision_id: str
-    status: int
-    code: str | None
+    refusal: Refusal | None
     decisions: tuple[ChunkDecision, ...] = ()
     released: frozenset[int] = frozenset()
+
+
+# What a caller may be told as decided: reasons about the candidate it sent (no
+# id, no such record), about the store's availability, and about the state and
+# integrity of a record its tenant and principals may read. Any other reason
+# leaves the caller's right to the record unproven: TENANT_MISMATCH and
+# PRINCIPAL_MISMATCH deny it, POLICY_ERROR means the policy did not decide, and
+# POLICY_DENY or an operator's custom reason may be about entitlement too.
+_TOLD: frozenset[str] = frozenset(
+    reason.value
+    for reason in (
+        Reason.MALFORMED_CHUNK,
+        Reason.MISSING_METADATA,
+        Reason.METADATA_UNAVAILABLE,
+        Reason.STATUS_DRAFT,
+        Reason.STATUS_SUPERSEDED,
+        Reason.STATUS_REVOKED,
+        Reason.STATUS_QUARANTINED,
+        Reason.NOT_YET_EFFECTIVE,
+        Reason.EXPIRED,
+        Reason.HASH_MISMATCH,
+        Reason.PAYLOAD_HASH_MISMATCH,
+        Reason.SIGNATURE_MISSING,
+    )
+)
+_UNKNOWN_ID: tuple[str, ...] = (Reason.MISSING_METADATA.value,)
+
+
+def told_reasons(reasons: tuple[str, ...]) -> tuple[str, ...]:
+    """The reasons the caller is told for one candidate: as decided, or an unknown id's.
+
+    A record the caller may not read is answered exactly as an id the store
+    does not have (``MISSING_METADATA`` alone): that it exists, its status and
+    validity, and whether the caller's text is its text (``HASH_MISMATCH``)
+    would each leak what the gate withholds. All the reasons are replaced,
+    not only the one that proves it: the others were computed from the record.
+    """
+    if all(reason in _TOLD for reason in reasons):
+        return reasons
+    return _UNKNOWN_ID

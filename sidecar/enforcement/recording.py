@@ -22,6 +22,7 @@ from sidecar.core.reasons import Reason
 from sidecar.enforcement.deciding import Decided
 from sidecar.enforcement.releasing import Released
 from sidecar.metrics import ADMITTED_REASON, UPSTREAM_ERROR_OUTCOME, GateMetrics
+from sidecar.refusals import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +119,6 @@ class Recorder:
     def passthrough(self, format_name: str, collection: str) -> None:
         """Count a response on a route the gate does not inspect (or an upstream error)."""
         self._metrics.count_response(Outcome.PASSTHROUGH, format_name, collection)
-
-    def request_refused(self, status: int) -> None:
-        """Count a request the gate answered itself before the database was asked."""
-        self._metrics.count_request_refusal(status)
 
     def policy_failed(self) -> None:
         """Count a policy evaluation that failed."""
@@ -222,7 +219,7 @@ def _release(
         for p in released.positions
     ]
     if not replacements:
-        return Release(ids, tenant_filter, overfetched, refusal=released.refusal)
+        return Release(ids, tenant_filter, overfetched, refusal=_code(released.refusal))
     kept = decided.kept
     decisions = decided.verdict.decisions
     return Release(
@@ -239,5 +236,9 @@ def _release(
             for d in decisions
             if d.position in replacements
         ],
-        refusal=released.refusal,
+        refusal=_code(released.refusal),
     )
+
+
+def _code(refusal: Refusal | None) -> str | None:
+    return None if refusal is None else refusal.code

@@ -22,6 +22,7 @@ from sidecar.core.modes import Mode
 from sidecar.core.outcome import Outcome
 from sidecar.enforcement.deciding import Decided
 from sidecar.formats.base import AbsentAnswer, MalformedBody, ParsedBody, Unreleasable
+from sidecar.refusals import Refusal
 
 
 @dataclass(slots=True)
@@ -29,9 +30,9 @@ class Released:
     """The answer for one decided body (not frozen: see ``deciding.Decided``).
 
     ``body`` None with status 200 passes the upstream body unchanged (audit
-    mode); with another status the client gets an error body for
-    ``refusal``, or ``body`` when set: the database's own answer for a missing
-    hit (``AbsentAnswer``). ``positions`` are the hits the client gets, in
+    mode); with another status (``refusal``'s) the client gets its error
+    body, or ``body`` when set: the database's own answer for a missing hit
+    (``AbsentAnswer``). ``positions`` are the hits the client gets, in
     body order.
     """
 
@@ -39,7 +40,7 @@ class Released:
     status: int
     body: bytes | None
     positions: list[int]
-    refusal: str | None = None
+    refusal: Refusal | None = None
 
 
 def release(
@@ -67,16 +68,21 @@ def release(
             return _rendered(Outcome.FILTERED, parsed, kept, limits, replacements)
         if mode is Mode.STRICT:
             _raise_if_absent(parsed, kept, limits, replacements)
-            return Released(Outcome.BLOCKED, 403, None, [], refusals.REJECTED_CHUNKS)
+            return _refused(Outcome.BLOCKED, refusals.REJECTED_CHUNKS)
         outcome = Outcome.FILTERED if kept else Outcome.ABSTAINED
         return _rendered(outcome, parsed, kept, limits, replacements)
     except Unreleasable as exc:
         # What is left would still carry what was removed (e.g. generated text).
-        return Released(Outcome.BLOCKED, 403, None, [], exc.code)
+        return _refused(Outcome.BLOCKED, refusals.UNRELEASABLE.with_code(exc.code))
     except AbsentAnswer as exc:
         # The one hit the route asks for was rejected: answered as a missing one
         # is, which on a filtered route is the gate's upstream_error answer.
-        return Released(Outcome.ABSTAINED, exc.status, exc.body, [], refusals.UPSTREAM_ERROR)
+        absent = refusals.UPSTREAM_ERROR.at_status(exc.status)
+        return Released(Outcome.ABSTAINED, exc.status, exc.body, [], absent)
+
+
+def _refused(outcome: Outcome, refusal: Refusal) -> Released:
+    return Released(outcome, refusal.http_status, None, [], refusal)
 
 
 def _raise_if_absent(

@@ -29,30 +29,21 @@ from sidecar.audit.record import UpstreamError
 from sidecar.audit.sink import AuditError, AuditSink
 from sidecar.core.caller import Caller
 from sidecar.core.gate import Gate
-from sidecar.core.hits import Candidate, Route, RouteKind
-from sidecar.core.modes import Mode, RoutePolicy
+from sidecar.core.hits import Candidate, Route
+from sidecar.core.modes import Mode, RoutePolicies, RoutePolicy
 from sidecar.core.outcome import Outcome
 from sidecar.enforcement.candidates import CandidateList, CandidatesAnswer
 from sidecar.enforcement.deciding import Decider
 from sidecar.enforcement.recording import Recorder, ResponseFacts
 from sidecar.enforcement.releasing import release
-from sidecar.formats.base import (
-    MalformedBody,
-    RequestRewrite,
-    RequestRewriter,
-    ResponseFormat,
-    checks_query_string,
-    rewrites_requests,
-)
+from sidecar.formats.base import MalformedBody, RequestRewrite, ResponseFormat
 from sidecar.formats.registry import FormatTable
-from sidecar.metrics import NO_COLLECTION, GateMetrics
+from sidecar.metrics import GateMetrics
+from sidecar.refusals import Refusal
 from sidecar.store.cache import CachedStore
 from sidecar.tracing import DecisionSpan, Tracing
 
 log = logging.getLogger(__name__)
-
-# Route policies remembered per request path.
-_POLICIES_KEPT = 4096
 
 # A body is parsed, and its answer rendered, in a worker thread rather than on
 # the event loop that serves every stream when the work would hold the loop
@@ -80,6 +71,10 @@ def _heavy_body(body: bytes) -> bool:
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
+
+
+def _code(refusal: Refusal | None) -> str | None:
+    return None if refusal is None else refusal.code
 
 
 def _answered(span: DecisionSpan, result: FilterResult) -> FilterResult:
@@ -112,16 +107,68 @@ class FilterResult:
     ``body`` None passes the upstream answer unchanged (audit mode); otherwise
     it is the replacement body for a 200, and for any other ``status`` the
     client gets that status and ``body`` (a small JSON error, or the database's
-    own answer for a missing hit) instead of the upstream response. ``code``
-    is the gate's code for what went wrong (``sidecar.refusals``), also when
-    audit mode passed the upstream answer; None when nothing did.
+    own answer for a missing hit) instead of the upstream response.
+    ``refusal`` is what went wrong (``sidecar.refusals``), also when audit
+    mode passed the upstream answer; None when nothing did.
     """
 
     outcome: Outcome
     status: int
     body: bytes | None
     headers: dict[str, str] = field(default_factory=dict)
-    code: str | None = None
+    refusal: Refusal | None = None
+
+    @property
+    def code(self) -> str | None:
+        """The refusal's code, for spans and logs; None when nothing went wrong."""
+        return _code(self.refusal)
+
+
+# The upstream response headers a client of a filtered route gets (outside
+# audit mode); every other one is removed. An allowlist, as for bodies: a header
+# the gate does not know can describe unfiltered data (an ETag or a length over
+# every tenant's hits, a database's timing or shard header). Envoy's own
+# (server, x-envoy-*) and the gate's (x-retrieval-gate-*, set later) are not
+# upstream headers.
+RESPONSE_HEADERS_KEPT = frozenset(
+    {
+        # Clients pick their decoder by it (JSON, Elasticsearch's vendor type).
+        "content-type",
+        # Framing; the gate sets it to the length of the body it sends.
+        "content-length",
+        # An origin server must send it (RFC 9110, 6.6.1); it says only the time.
+        "date",
+        # elasticsearch-py refuses a 2xx answer without it; a constant, "Elasticsearch".
+        "x-elastic-product",
+    }
+)
+# A filtered gRPC answer also needs its response headers' counterpart: the
+# trailers (grpc-status, and whatever else the server puts there).
+GRPC_RESPONSE_HEADERS_KEPT = RESPONSE_HEADERS_KEPT | {"grpc-encoding"}
+GRPC_TRAILERS_KEPT = frozenset({"grpc-status"})
+
+# What a non-2xx upstream status that cannot be kept becomes.
+_BAD_GATEWAY = 502
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseStart:
+    """What the response path makes of an upstream answer's headers.
+
+    ``read_body``: the body is needed (to be filtered, or, for an upstream
+    error, for its audit record); False passes the answer unread.
+    ``kept_headers``: the upstream headers the client may get; None keeps
+    them all (audit mode, and answers passed unread).
+    ``upstream_error``: the status of an upstream error the gate answers
+    (``upstream_error``) once it has the body; None for a successful answer.
+    """
+
+    read_body: bool
+    kept_headers: frozenset[str] | None = None
+    upstream_error: int | None = None
+
+
+_PASS_UNREAD = ResponseStart(read_body=False)
 
 
 class ResponseFilter:
@@ -135,8 +182,7 @@ class ResponseFilter:
         gate: Gate,
         audit: AuditSink,
         metrics: GateMetrics,
-        route_policy: Callable[[str], RoutePolicy],
-        overfetch_cap: int = 1000,
+        policies: RoutePolicies,
         max_hits: int = 10_000,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         tracer: Tracer | None = None,
@@ -146,9 +192,7 @@ class ResponseFilter:
         ``tracer``: one span per decision and per store lookup; None traces nothing.
         """
         self._formats = formats
-        self._route_policy = route_policy
-        self._policies: dict[str, RoutePolicy] = {}
-        self._overfetch_cap = overfetch_cap
+        self._policies = policies
         self._max_hits = max_hits
         self._collection_label = metrics.collection_label
         self._tracing = Tracing(tracer)
@@ -163,96 +207,57 @@ class ResponseFilter:
 
     def policy_for(self, route: Route) -> RoutePolicy:
         """The settings that apply to ``route`` (mode, upstream-error passthrough, ...)."""
-        return self._policy_for(route.path)
+        return self._policies.for_path(route.path)
 
-    def rewriter_for(self, fmt: ResponseFormat, route: Route) -> RequestRewriter | None:
-        """The format's request rewriter for ``route``, if its requests carry a query.
-
-        Its bodies are read even without push-down or over-fetch: they can
-        name collections the request policy must see.
-        """
-        if not rewrites_requests(fmt) or not fmt.rewrites_request(route):
-            return None
-        return fmt
-
-    def collections_reader(self, route: Route) -> RequestRewriter | None:
-        """For a route the gate does not filter, the rewriter that reads the collections
-        its request bodies name; None when there is none.
-
-        A gRPC call names its collection only in its body (a Qdrant upsert's
-        ``collection_name``), so the request policy's ownership check needs
-        the body on every route the format reads, not only on searches.
-        """
-        found = self._formats.classify(route)
-        if found is None or found[1] is RouteKind.FILTERED:
-            return None
-        return self.rewriter_for(found[0], route)
-
-    def body_collections(
-        self, reader: RequestRewriter, route: Route, body: bytes
-    ) -> tuple[str, ...]:
-        """The collections ``body`` names, as ``reader`` reads them; raises MalformedRequest.
-
-        Nothing is rewritten: no tenant condition, no over-fetch.
-        """
-        read = reader.rewrite_request(
-            body,
-            route,
-            tenant="",
-            tenant_key=None,
-            overfetch_factor=1.0,
-            overfetch_cap=self._overfetch_cap,
-        )
-        return read.collections
-
-    def pushes_down(self, route: Route) -> bool:
-        """True when searches on ``route`` are restricted to the caller's tenant."""
-        return self._policy_for(route.path).tenant_key is not None
-
-    def request_problem(self, fmt: ResponseFormat, route: Route, query_string: str) -> str | None:
-        """Why a search on ``route`` cannot be restricted to the tenant as its URL stands;
-        None when it can (or the route does not push down)."""
-        if not self.pushes_down(route) or not checks_query_string(fmt):
-            return None
-        return fmt.query_string_problem(route, query_string)
-
-    def rewrite_request(
+    def start(
         self,
-        rewriter: RequestRewriter,
+        fmt: ResponseFormat,
         route: Route,
-        caller: Caller,
-        body: bytes,
-        query_string: str = "",
-    ) -> RequestRewrite:
-        """Inject the caller's tenant filter and over-fetch; raises MalformedRequest.
+        *,
+        status: str,
+        grpc: bool,
+        grpc_error: str = "0",
+        has_body: bool,
+    ) -> ResponseStart:
+        """What to do with an upstream answer on a filtered route, from its headers.
 
-        URL parameters that make the database page differently from the body
-        (``ChecksQueryString.overfetch_problem``) turn over-fetch off.
+        ``status`` is the HTTP status as sent; ``grpc``: a gRPC answer, whose
+        ``grpc_error`` is its status in its headers (a trailers-only error),
+        "0" when it has none.
+        A non-2xx answer, or a gRPC error, is an upstream error: its text can
+        quote documents, so the gate answers it (``upstream_error``), unless
+        the route passes upstream errors (``pass_upstream_errors``).
         """
-        policy = self._policy_for(route.path)
-        factor = policy.overfetch_factor
-        if checks_query_string(rewriter) and rewriter.overfetch_problem(route, query_string):
-            factor = 1.0
-        return rewriter.rewrite_request(
-            body,
-            route,
-            tenant=caller.tenant,
-            tenant_key=policy.tenant_key,
-            overfetch_factor=factor,
-            overfetch_cap=self._overfetch_cap,
-        )
+        policy = self.policy_for(route)
+        if not status.startswith("2") or grpc_error != "0":
+            if policy.pass_upstream_errors:
+                self.count_passthrough(fmt.name, route)
+                return _PASS_UNREAD
+            known = status.isdigit() and 300 <= int(status) <= 599
+            error = int(status) if known else _BAD_GATEWAY
+            return ResponseStart(read_body=has_body, upstream_error=error)
+        # Audit mode changes nothing the client gets; otherwise only allowlisted
+        # upstream headers reach it.
+        kept = GRPC_RESPONSE_HEADERS_KEPT if grpc else RESPONSE_HEADERS_KEPT
+        kept_headers = None if policy.mode is Mode.AUDIT else kept
+        if not has_body:
+            # An empty answer: no hits to filter.
+            self.count_passthrough(fmt.name, route)
+        return ResponseStart(read_body=has_body, kept_headers=kept_headers)
 
-    def count_request_refusal(self, status: int) -> None:
-        """Count a request refused before the database was asked (identity, policy, body)."""
-        self._recorder.request_refused(status)
+    def kept_trailers(self, route: Route) -> frozenset[str] | None:
+        """The trailers a filtered gRPC answer keeps: grpc-status; None (all) in audit mode.
 
-    def count_passthrough(self, format_name: str, route: Route | None = None) -> None:
-        """Count a response on a route the gate does not inspect (or an upstream error).
-
-        Without ``route`` (no search route) the collection label is ``none``.
+        Trailers are metadata the server chose to send after the messages (a
+        grpc-message, rich error details, a database's own counters); like
+        response headers, what the gate does not know is removed.
         """
-        collection = NO_COLLECTION if route is None else self._collection_for(route)
-        self._recorder.passthrough(format_name, collection)
+        return None if self.policy_for(route).mode is Mode.AUDIT else GRPC_TRAILERS_KEPT
+
+    def count_passthrough(self, format_name: str, route: Route) -> None:
+        """Count a response on a filtered route that passes unread (empty, or an upstream
+        error passed as it came)."""
+        self._recorder.passthrough(format_name, self._collection_for(route))
 
     def reject_unreadable(
         self,
@@ -268,7 +273,7 @@ class ResponseFilter:
         ``trace_headers``: the request's ``traceparent`` and ``tracestate``, if any.
         """
         log.warning("unreadable %s response on %s: %s", fmt.name, route.path, why)
-        mode = self._policy_for(route.path).mode
+        mode = self.policy_for(route).mode
         facts = self._facts(fmt, route, caller, request_id, mode)
         with self._span(facts, route, trace_headers) as span:
             return _answered(span, self._unreadable(facts, refusals.UPSTREAM_BODY_UNREADABLE))
@@ -291,7 +296,7 @@ class ResponseFilter:
         mode the result has no body: the upstream answer passes unchanged,
         recorded all the same.
         """
-        mode = self._policy_for(route.path).mode
+        mode = self.policy_for(route).mode
         facts = self._facts(fmt, route, caller, request_id, mode)
         with self._span(facts, route, trace_headers) as span:
             return _answered(span, self._upstream_error(facts, status, body))
@@ -323,16 +328,16 @@ class ResponseFilter:
         audit_mode = facts.mode is Mode.AUDIT
         outcome = Outcome.PASSTHROUGH if audit_mode else Outcome.ERROR
         upstream = UpstreamError.from_body(status, body)
-        code = refusals.UPSTREAM_ERROR
+        refusal = refusals.UPSTREAM_ERROR.at_status(status)
         try:
-            self._recorder.upstream_error(facts, outcome, code, upstream)
+            self._recorder.upstream_error(facts, outcome, refusal.code, upstream)
         except AuditError:
             return self._unrecorded(facts)
         if audit_mode:
-            return FilterResult(outcome, status, None, code=code)
-        error = refusals.error_body(code, decision_id=facts.decision_id)
+            return FilterResult(outcome, status, None, refusal=refusal)
+        error = refusal.body(facts.decision_id)
         # The headers a rejected hit answered as absent gets too: the two look alike.
-        return FilterResult(outcome, status, error, _gate_headers(facts.decision_id, 0), code)
+        return FilterResult(outcome, status, error, _gate_headers(facts.decision_id, 0), refusal)
 
     async def filter(
         self,
@@ -351,7 +356,7 @@ class ResponseFilter:
         ``trace_headers``: the request's ``traceparent`` and ``tracestate``, if any.
         """
         started = time.perf_counter()
-        policy = self._policy_for(route.path)
+        policy = self.policy_for(route)
         facts = self._facts(fmt, route, caller, request_id, policy.mode, rewrite, started)
         with self._span(facts, route, trace_headers, rewrite) as span:
             result = await self._filter(facts, policy, fmt, route, body, rewrite, span)
@@ -392,8 +397,13 @@ class ResponseFilter:
             # E.g. fewer sub-results than the rewritten request had sub-queries.
             log.warning("malformed %s body on %s: %s", fmt.name, route.path, exc)
             return self._unreadable(facts, refusals.UPSTREAM_BODY_MALFORMED)
-        if released.status == 403 and released.refusal != refusals.REJECTED_CHUNKS:
-            log.info("%s response on %s blocked: %s", fmt.name, route.path, released.refusal)
+        refusal = released.refusal
+        if (
+            refusal is not None
+            and refusal.http_status == 403
+            and refusal != refusals.REJECTED_CHUNKS
+        ):
+            log.info("%s response on %s blocked: %s", fmt.name, route.path, _code(refusal))
 
         tenant_filter = rewrite is not None and rewrite.tenant_filter
         span.decided(
@@ -416,16 +426,15 @@ class ResponseFilter:
             return self._unrecorded(facts)
 
         headers = _gate_headers(facts.decision_id, len(released.positions))
-        if released.status != 200:
-            assert released.refusal is not None
+        if refusal is not None:
             if released.body is not None and policy.pass_upstream_errors:
                 # Answered as absent where a missing hit gets the database's own
                 # answer, unchanged: the same body, and no gate headers either.
                 return FilterResult(
-                    released.outcome, released.status, released.body, code=released.refusal
+                    released.outcome, released.status, released.body, refusal=refusal
                 )
-            error = refusals.error_body(released.refusal, decision_id=facts.decision_id)
-            return FilterResult(released.outcome, released.status, error, headers, released.refusal)
+            error = refusal.body(facts.decision_id)
+            return FilterResult(released.outcome, released.status, error, headers, refusal)
         return FilterResult(released.outcome, 200, released.body, headers)
 
     async def decide_candidates(
@@ -445,7 +454,7 @@ class ResponseFilter:
         no substitution (there is no body to put a successor in) and no
         over-fetch. ``collection`` is the metrics' collection, by its name.
         """
-        policy = self._policy_for(route.path)
+        policy = self.policy_for(route)
         label = self._collection_label([] if collection is None else [collection])
         facts = ResponseFacts(
             uuid.uuid4().hex,
@@ -458,9 +467,8 @@ class ResponseFilter:
         )
         with self._span(facts, route, trace_headers) as span:
             if len(candidates) > self._max_hits:
-                refused = self._unreadable(facts, refusals.UPSTREAM_TOO_MANY_HITS)
-                _answered(span, refused)
-                return CandidatesAnswer(facts.decision_id, refused.status, refused.code)
+                refused = _answered(span, self._unreadable(facts, refusals.UPSTREAM_TOO_MANY_HITS))
+                return CandidatesAnswer(facts.decision_id, refused.refusal)
             decided = await self._decider.decide(caller, candidates, substitute=False)
             if decided.verdict.policy_failed:
                 self._recorder.policy_failed()
@@ -478,38 +486,40 @@ class ResponseFilter:
                 )
             except AuditError:
                 unrecorded = _answered(span, self._unrecorded(facts))
-                return CandidatesAnswer(facts.decision_id, unrecorded.status, unrecorded.code)
-            span.answered(released.outcome, released.status, released.refusal)
+                return CandidatesAnswer(facts.decision_id, unrecorded.refusal)
+            refusal = released.refusal
+            span.answered(
+                released.outcome, released.status, None if refusal is None else refusal.code
+            )
             return CandidatesAnswer(
                 facts.decision_id,
-                released.status,
-                released.refusal,
+                refusal,
                 decided.verdict.decisions,
                 frozenset(released.positions),
             )
 
-    def _unreadable(self, facts: ResponseFacts, error: str) -> FilterResult:
+    def _unreadable(self, facts: ResponseFacts, refusal: Refusal) -> FilterResult:
         """A search response the gate cannot (or will not, over max_hits) decide.
 
-        502 with ``error``, or in audit mode passed unchanged and recorded.
+        ``refusal`` (a 502), or in audit mode passed unchanged and recorded.
         """
         audit_mode = facts.mode is Mode.AUDIT
         outcome = Outcome.PASSTHROUGH if audit_mode else Outcome.ERROR
         try:
-            self._recorder.unreadable(facts, outcome, error)
+            self._recorder.unreadable(facts, outcome, refusal.code)
         except AuditError:
             # Not even an audit-mode pass goes out unrecorded.
             return self._unrecorded(facts)
         if audit_mode:
-            return FilterResult(outcome, 200, None, code=error)
-        body = refusals.error_body(error, decision_id=facts.decision_id)
-        return FilterResult(outcome, 502, body, code=error)
+            return FilterResult(outcome, 200, None, refusal=refusal)
+        body = refusal.body(facts.decision_id)
+        return FilterResult(outcome, refusal.http_status, body, refusal=refusal)
 
     def _unrecorded(self, facts: ResponseFacts) -> FilterResult:
         """The answer for a response whose audit record could not be written: 500."""
         self._recorder.unrecorded(facts)
-        code = refusals.AUDIT_UNAVAILABLE
-        return FilterResult(Outcome.ERROR, 500, refusals.error_body(code), code=code)
+        refusal = refusals.AUDIT_UNAVAILABLE
+        return FilterResult(Outcome.ERROR, refusal.http_status, refusal.body(), refusal=refusal)
 
     def _span(
         self,
@@ -530,19 +540,6 @@ class ResponseFilter:
             named = [*self._formats.collections(route), *(rewrite.collections if rewrite else ())]
             span.collections(list(dict.fromkeys(named)))
         return span
-
-    def _policy_for(self, path: str) -> RoutePolicy:
-        """``route_policy(path)``, remembered per path (bounded).
-
-        Settings never change while the sidecar runs, and resolving the route
-        overrides costs more than the rest of a small response's bookkeeping.
-        """
-        policy = self._policies.get(path)
-        if policy is None:
-            if len(self._policies) >= _POLICIES_KEPT:
-                self._policies.clear()  # paths are the client's: keep the memo bounded
-            policy = self._policies[path] = self._route_policy(path)
-        return policy
 
     def _collection_for(self, route: Route, rewrite: RequestRewrite | None = None) -> str:
         """The metrics' collection label for ``route`` and the collections its body named.

@@ -51,6 +51,8 @@ _FAILURES = (
     ("doesn't have key", "key_unknown"),
     ("remote fetch", "jwks_unavailable"),
 )
+# Of those, the one that is an outage (Envoy could not fetch the keys), not the caller's fault.
+_OUTAGE = "jwks_unavailable"
 
 
 def failure_code(message: str) -> str:
@@ -98,7 +100,9 @@ class EnvoyJwtPayload:
             code = failure_code(str(failure.get("message", "")))
             if payload is not None and code != "token_missing":
                 code = "token_ambiguous"
-            raise IdentityError(code, "Envoy jwt_authn refused a token of the request")
+            raise IdentityError(
+                code, "Envoy jwt_authn refused a token of the request", outage=code == _OUTAGE
+            )
         if payload is None:
             raise IdentityError(
                 "token_missing",

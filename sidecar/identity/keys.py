@@ -275,7 +275,9 @@ class JwksUrl:
                     self._finished_fetches += 1
         if self._keys is None:
             raise IdentityError(
-                "jwks_unavailable", f"JWKS could not be fetched from {self._url_for_logs}"
+                "jwks_unavailable",
+                f"JWKS could not be fetched from {self._url_for_logs}",
+                outage=True,
             )
         return self._keys
 

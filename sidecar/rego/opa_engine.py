@@ -208,6 +208,8 @@ class OpaEngine:
 class OpaRequestPolicy:
     """The request policy (``data.retrieval_gate.request.denials``) evaluated by OPA."""
 
+    # OPA can change the policy unseen, so no answer is kept by input.
+    time_pure = False
     remote = True  # admission runs evaluate off its event loop
 
     def __init__(self, server: OpaServer) -> None:

@@ -247,6 +247,8 @@ class CompiledPolicy:
 class RegorusEngine:
     """A PolicyEngine evaluating the chunk policy in process with regorus."""
 
+    remote = False  # in process: evaluated where it is asked
+
     def __init__(
         self,
         sources: Mapping[str, str],

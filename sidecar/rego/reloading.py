@@ -203,6 +203,8 @@ class ReloadingPolicy:
 class _ActiveRequestPolicy:
     """The request policy of the revision active at each call."""
 
+    remote = False  # every revision is evaluated in process
+
     def __init__(self, policy: ReloadingPolicy) -> None:
         self._policy = policy
 

@@ -30,6 +30,8 @@ _SAMPLE_REQUEST: dict[str, Any] = {
 class RequestPolicy:
     """Evaluates ``data.retrieval_gate.request.denials`` in process with regorus."""
 
+    remote = False  # in process: evaluated where it is asked
+
     def __init__(
         self, sources: Mapping[str, str], *, data: Mapping[str, Any] | None = None
     ) -> None:
@@ -61,7 +63,7 @@ class RequestPolicy:
     def time_pure(self) -> bool:
         """True when the policy declares ``time_pure := true`` next to ``denials``: its
         answer then depends only on its input and the policy, and may be kept per input
-        (``sidecar.access.RequestAnswers``). Checked as the chunk policy's declaration is
+        (``sidecar.request.answers.RequestAnswers``). Checked as the chunk policy's declaration is
         (``sidecar.rego.purity``)."""
         return self._time_pure
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.config import TLS_FILES, ConfigError, IdentityMode, Settings
-from sidecar.envoy.ext_proc import IDENTITY_NAMESPACE
 from sidecar.identity.envoy_jwt import JWT_AUTHN_NAMESPACE
 from sidecar.identity.mesh import REQUEST_ATTRIBUTES
+from sidecar.request.request_path import IDENTITY_NAMESPACE
 from sidecar.runtime.addresses import HostPort, UnixSocket, parse_http_url, parse_socket_address
 from sidecar.runtime.jwks_relay import relay_address
 from sidecar.runtime.jwt_authn import JWKS_RELAY_CLUSTER, jwt_authn_filter

@@ -13,18 +13,18 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import start_http_server
 
-from sidecar.access import RequestAccess, RequestAnswers, RequestPolicyEvaluator
 from sidecar.audit.jsonl import JsonlAuditSink
 from sidecar.audit.postgres import PostgresAuditSink
 from sidecar.audit.sink import AuditSink, NullAuditSink
 from sidecar.config import ConfigError, IdentityMode, PolicyEngineName, Settings, format_table
 from sidecar.core.gate import Gate
-from sidecar.core.policy import PolicyEngine, PolicyError
+from sidecar.core.modes import RoutePolicies
+from sidecar.core.policy import PolicyEngine, PolicyError, RequestPolicyEngine
 from sidecar.core.reasons import ReasonOrder
 from sidecar.enforcement.response_filter import ResponseFilter
 from sidecar.envoy.ext_authz import AuthorizationServicer
 from sidecar.envoy.ext_proc import ExternalProcessorServicer
-from sidecar.envoy.gate_service import GateServicer, gate_access
+from sidecar.envoy.gate_service import GateServicer
 from sidecar.identity import IdentityProvider
 from sidecar.identity.claims import ClaimMapping
 from sidecar.identity.envoy_jwt import EnvoyJwtPayload
@@ -37,6 +37,10 @@ from sidecar.metrics import GateMetrics
 from sidecar.rego.opa_engine import OpaEngine, OpaRequestPolicy, OpaServer, read_token_file
 from sidecar.rego.regorus_engine import RegorusEngine
 from sidecar.rego.request_policy import RequestPolicy
+from sidecar.request.admission import RequestAdmission
+from sidecar.request.answers import RequestAnswers
+from sidecar.request.gate_route import gate_admission
+from sidecar.request.request_path import RequestPath
 from sidecar.runtime.addresses import parse_host_port
 from sidecar.runtime.policy_source import (
     REFUSAL_REASONS,
@@ -133,7 +137,7 @@ def load_policy_data(settings: Settings) -> dict[str, Any] | None:
     return document
 
 
-def build_policies(settings: Settings) -> tuple[PolicyEngine, RequestPolicyEvaluator, str]:
+def build_policies(settings: Settings) -> tuple[PolicyEngine, RequestPolicyEngine, str]:
     """The chunk policy engine, the request policy and where they come from (for the log).
 
     regorus: the Rego files of ``policy_dir`` (and ``policy_data``) in process,
@@ -186,11 +190,12 @@ class Sidecar:
     metrics: GateMetrics
     store: CachedStore
     audit: AuditSink
+    request_path: RequestPath
     response_filter: ResponseFilter
-    access: RequestAccess
     listener: ChangeListener | None  # live invalidation (PostgreSQL); None for SQLite
     tracing: TracerProvider | None = None  # this process's spans (OTEL_* variables); None: off
-    gate_access: RequestAccess | None = None  # the Gate service's request path; None: not served
+    # The Gate service's admission (its own route); None: not served.
+    gate_admission: RequestAdmission | None = None
     policy_source: PolicySource | None = None  # polls policy_bundle; None: no bundle
 
     @classmethod
@@ -210,7 +215,7 @@ class Sidecar:
         )
         bundle: PolicySource | None = None
         policy: PolicyEngine
-        request_policy: RequestPolicyEvaluator
+        request_policy: RequestPolicyEngine
         if settings.policy_bundle is not None:
             bundle = load_bundle_policy(settings, metrics)
             policy, request_policy = bundle.policy, bundle.policy.request_policy
@@ -229,20 +234,20 @@ class Sidecar:
         formats = format_table(settings)
         metrics.preset(fmt.name for fmt in formats.formats)
         audit = build_audit(settings, metrics)
+        policies = RoutePolicies(settings.route_policy)
         response_filter = ResponseFilter(
             formats=formats,
             store=store,
             gate=gate,
             audit=audit,
             metrics=metrics,
-            route_policy=settings.route_policy,
-            overfetch_cap=settings.overfetch_cap,
+            policies=policies,
             max_hits=settings.max_hits,
             tracer=tracer,
         )
         log.info("policy %s loaded from %s", policy.version, policy_source)
         identity = build_identity(settings)
-        access = RequestAccess(
+        admission = RequestAdmission(
             identity,
             request_policy,
             route_kind=formats.route_kind,
@@ -250,6 +255,10 @@ class Sidecar:
             answers=(
                 RequestAnswers(settings.request_cache_size) if settings.request_cache_size else None
             ),
+            count_refusal=metrics.count_request_refusal,
+        )
+        request_path = RequestPath(
+            admission, formats, policies, metrics, overfetch_cap=settings.overfetch_cap
         )
         listener = change_listener(inner, store)
         return cls(
@@ -257,11 +266,11 @@ class Sidecar:
             metrics,
             store,
             audit,
+            request_path,
             response_filter,
-            access,
             listener,
             tracing,
-            gate_access(identity, request_policy),
+            gate_admission(identity, request_policy, metrics.count_request_refusal),
             bundle,
         )
 
@@ -299,19 +308,19 @@ class SidecarServer:
         self._grpc = grpc.aio.server(options=options)
         ext_proc_pb2_grpc.add_ExternalProcessorServicer_to_server(
             ExternalProcessorServicer(
+                sidecar.request_path,
                 sidecar.response_filter,
-                sidecar.access,
                 max_body_bytes=sidecar.settings.max_body_bytes,
             ),
             self._grpc,
         )
         ext_authz_pb2_grpc.add_AuthorizationServicer_to_server(
-            AuthorizationServicer(sidecar.access, sidecar.response_filter.count_request_refusal),
+            AuthorizationServicer(sidecar.request_path.admission),
             self._grpc,
         )
-        if sidecar.gate_access is not None:
+        if sidecar.gate_admission is not None:
             gate_pb2_grpc.add_GateServicer_to_server(
-                GateServicer(sidecar.response_filter, sidecar.gate_access), self._grpc
+                GateServicer(sidecar.response_filter, sidecar.gate_admission), self._grpc
             )
         # The standard gRPC health service, for Kubernetes' grpc probes and
         # Envoy's health checks: SERVING once the gate is ready, NOT_SERVING

@@ -1,0 +1,254 @@
+"""The request path on its own, no Envoy: the plan at the request headers, then the body.
+
+Every format the gate ships is enabled (``build_format_table`` with no
+options), the request policy is the shipped one or a recording stand-in, and
+the caller comes from trusted headers or from an ext_authz filter's metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+from qdrant_client import grpc as q
+
+from sidecar.core.caller import Caller
+from sidecar.core.hits import Route
+from sidecar.core.modes import Mode, RoutePolicies, RoutePolicy
+from sidecar.formats.base import RequestRewrite
+from sidecar.formats.grpc_frames import frame
+from sidecar.formats.registry import build_format_table
+from sidecar.identity import AuthRequest
+from sidecar.identity.headers import TrustedHeaders
+from sidecar.metrics import GateMetrics
+from sidecar.request.admission import RequestAdmission
+from sidecar.request.plans import Filter, PassThrough, Plan, ReadCollections, Refused
+from sidecar.request.request_path import IDENTITY_NAMESPACE, RequestPath
+
+FORMATS = build_format_table({}, {}, text_field="text", id_field=None)
+SEARCH = "/collections/docs/points/search"
+ES_SEARCH = "/docs/_search"
+GRPC_UPSERT = "/qdrant.Points/Upsert"
+ALICE = {"x-gate-tenant": "acme", "x-gate-principals": "user:alice"}
+PUSH_DOWN = RoutePolicy(Mode.ENFORCE, "tenant", 1.0, substitute_superseded=False)
+NO_PUSH_DOWN = RoutePolicy(Mode.ENFORCE, None, 1.0, substitute_superseded=False)
+
+
+class DenyingCollections:
+    """A request policy refusing the collection ``secret``, recording where it ran."""
+
+    version = "v1"
+    time_pure = False
+
+    def __init__(self, *, remote: bool = False) -> None:
+        self.remote = remote
+        self.inputs: list[Mapping[str, Any]] = []
+        self.threads: list[threading.Thread] = []
+
+    def evaluate(self, request_input: Mapping[str, Any]) -> list[str]:
+        self.inputs.append(request_input)
+        self.threads.append(threading.current_thread())
+        return ["COLLECTION_FORBIDDEN"] if "secret" in request_input["collections"] else []
+
+
+def request_path(
+    policy: DenyingCollections | None = None, route_policy: RoutePolicy = PUSH_DOWN
+) -> tuple[RequestPath, GateMetrics]:
+    metrics = GateMetrics(CollectorRegistry())
+    admission = RequestAdmission(
+        TrustedHeaders(),
+        policy,
+        route_kind=FORMATS.route_kind,
+        collections=FORMATS.collections,
+        count_refusal=metrics.count_request_refusal,
+    )
+    path = RequestPath(admission, FORMATS, RoutePolicies(lambda _: route_policy), metrics)
+    return path, metrics
+
+
+def plan(
+    path: RequestPath,
+    route: str,
+    *,
+    method: str = "POST",
+    headers: Mapping[str, str] = ALICE,
+    metadata: Mapping[str, Mapping[str, Any]] | None = None,
+    query_string: str = "",
+    grpc: bool = False,
+    has_body: bool = True,
+) -> Plan:
+    request = AuthRequest(method, route, dict(headers), metadata or {})
+    return asyncio.run(
+        path.plan(request, query_string=query_string, grpc=grpc, has_body=has_body)
+    )
+
+
+def refusals_counted(metrics: GateMetrics, status: str) -> float:
+    value = metrics.registry.get_sample_value(
+        "retrieval_gate_request_refusals_total", {"status": status}
+    )
+    return value or 0.0
+
+
+def test_a_search_route_is_filtered_with_its_body_read() -> None:
+    path, _ = request_path()
+    planned = plan(path, SEARCH)
+    assert isinstance(planned, Filter)
+    assert (planned.route, planned.caller.tenant, planned.fmt.name) == (
+        Route("POST", SEARCH),
+        "acme",
+        "qdrant",
+    )
+    assert planned.reads_body
+    assert set(planned.strip_headers) == {"x-gate-tenant", "x-gate-principals"}
+
+
+def test_a_route_no_format_reads_passes_and_is_counted_unread() -> None:
+    path, metrics = request_path()
+    assert plan(path, "/healthz", method="GET") == PassThrough(
+        ("x-gate-principals", "x-gate-tenant")
+    )
+    labels = {"outcome": "passthrough", "format": "none", "collection": "none"}
+    assert metrics.registry.get_sample_value("retrieval_gate_responses_total", labels) == 1
+
+
+def test_a_path_that_is_not_canonical_is_refused_and_counted() -> None:
+    path, metrics = request_path()
+    planned = plan(path, "/collections/docs/points/%73earch")
+    assert isinstance(planned, Refused)
+    assert (planned.refusal.code, planned.refusal.http_status) == ("path_not_canonical", 400)
+    assert refusals_counted(metrics, "400") == 1
+
+
+def test_the_caller_an_ext_authz_in_front_left_is_believed_without_headers() -> None:
+    path, _ = request_path()
+    caller = Caller("globex", frozenset({"user:bob"}))
+    metadata = {IDENTITY_NAMESPACE: caller.to_document()}
+    planned = plan(path, SEARCH, headers={}, metadata=metadata)
+    assert isinstance(planned, Filter)
+    assert planned.caller == caller
+    assert planned.strip_headers == ()
+
+
+def test_unreadable_ext_authz_metadata_is_refused_401() -> None:
+    path, metrics = request_path()
+    planned = plan(path, SEARCH, metadata={IDENTITY_NAMESPACE: {"tenant": 7}})
+    assert isinstance(planned, Refused)
+    assert (planned.refusal.code, planned.refusal.http_status) == ("identity_missing", 401)
+    assert refusals_counted(metrics, "401") == 1
+
+
+def test_a_non_canonical_path_is_refused_under_ext_authz_too() -> None:
+    path, _ = request_path()
+    metadata = {IDENTITY_NAMESPACE: Caller("acme", frozenset({"u"})).to_document()}
+    planned = plan(path, "/collections/docs/../x/points/search", metadata=metadata)
+    assert isinstance(planned, Refused)
+    assert planned.refusal.code == "path_not_canonical"
+
+
+def test_a_push_down_search_without_a_body_is_refused() -> None:
+    path, _ = request_path()
+    planned = plan(path, ES_SEARCH, method="GET", has_body=False)
+    assert isinstance(planned, Refused)
+    assert (planned.refusal.code, planned.refusal.http_status) == ("request_not_filterable", 400)
+
+
+def test_without_push_down_a_search_without_a_body_is_filtered_unread() -> None:
+    path, _ = request_path(route_policy=NO_PUSH_DOWN)
+    planned = plan(path, ES_SEARCH, method="GET", has_body=False)
+    assert isinstance(planned, Filter)
+    assert not planned.reads_body
+
+
+def test_url_parameters_that_bypass_the_push_down_are_refused() -> None:
+    path, _ = request_path()
+    planned = plan(path, ES_SEARCH, query_string="q=title:secret")
+    assert isinstance(planned, Refused)
+    assert planned.refusal.code == "request_not_filterable"
+    # Without push-down the same URL is the route's business.
+    assert isinstance(plan(request_path(route_policy=NO_PUSH_DOWN)[0], ES_SEARCH), Filter)
+
+
+def test_the_tenant_is_pushed_down_into_the_search_body() -> None:
+    path, _ = request_path()
+    planned = plan(path, SEARCH)
+    assert isinstance(planned, Filter)
+    rewrite = asyncio.run(path.read_body(planned, b'{"vector": [0.1], "limit": 3}'))
+    assert isinstance(rewrite, RequestRewrite)
+    assert rewrite.tenant_filter
+    sent = orjson.loads(rewrite.body)
+    assert {"key": "tenant", "match": {"value": "acme"}} in sent["filter"]["must"]
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"{not json", "request_body_malformed"),
+        # A search by a stored point's id: the tenant condition cannot reach it.
+        (b'{"query": {"recommend": {"positive": [1]}}}', "request_not_filterable"),
+    ],
+)
+def test_a_body_the_tenant_cannot_be_pushed_into_is_refused(body: bytes, code: str) -> None:
+    path, metrics = request_path()
+    planned = plan(path, "/collections/docs/points/query")
+    assert isinstance(planned, Filter)
+    read = asyncio.run(path.read_body(planned, body))
+    assert isinstance(read, Refused)
+    assert (read.refusal.code, read.refusal.http_status) == (code, 400)
+    assert refusals_counted(metrics, "400") == 1
+
+
+def test_a_collection_the_body_names_is_asked_of_the_request_policy() -> None:
+    policy = DenyingCollections()
+    path, _ = request_path(policy)
+    planned = plan(path, "/collections/docs/points/recommend")
+    assert isinstance(planned, Filter)
+    body = b'{"positive": [1], "lookup_from": {"collection": "secret"}}'
+    read = asyncio.run(path.read_body(planned, body))
+    assert isinstance(read, Refused)
+    assert (read.refusal.code, read.refusal.reasons) == ("forbidden", ("COLLECTION_FORBIDDEN",))
+    assert [i["collections"] for i in policy.inputs] == [["docs"], ["docs", "secret"]]
+
+
+def test_a_grpc_call_the_gate_does_not_filter_has_its_collections_read() -> None:
+    policy = DenyingCollections()
+    path, _ = request_path(policy)
+    planned = plan(path, GRPC_UPSERT, grpc=True)
+    assert isinstance(planned, ReadCollections)
+    allowed = frame(q.UpsertPoints(collection_name="docs").SerializeToString())
+    assert asyncio.run(path.read_body(planned, allowed)) is None
+    forbidden = frame(q.UpsertPoints(collection_name="secret").SerializeToString())
+    read = asyncio.run(path.read_body(planned, forbidden))
+    assert isinstance(read, Refused)
+    assert read.refusal.code == "forbidden"
+    # A gRPC call without a body has nothing to read: it passes on its path's answer.
+    assert isinstance(plan(path, GRPC_UPSERT, grpc=True, has_body=False), PassThrough)
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_a_remote_policy_is_asked_off_the_event_loop_at_headers_and_body(remote: bool) -> None:
+    policy = DenyingCollections(remote=remote)
+    path, _ = request_path(policy)
+
+    async def both() -> tuple[Plan, Refused | RequestRewrite | None]:
+        planned = await path.plan(
+            AuthRequest("POST", GRPC_UPSERT, dict(ALICE)),
+            query_string="",
+            grpc=True,
+            has_body=True,
+        )
+        assert isinstance(planned, ReadCollections)
+        body = frame(q.UpsertPoints(collection_name="docs").SerializeToString())
+        return planned, await path.read_body(planned, body)
+
+    _, read = asyncio.run(both())
+    assert read is None
+    assert len(policy.threads) == 2
+    # asyncio.run runs the loop on this thread: a remote policy must never run here.
+    on_loop = [thread is threading.current_thread() for thread in policy.threads]
+    assert on_loop == [not remote, not remote]
