@@ -1,4 +1,4 @@
-"""Fuzz targets for the request rewriters (``sidecar/formats/*_request.py``): tenant push-down.
+"""Fuzz targets for the request rewriters (``sidecar/formats/*/*_request.py``): tenant push-down.
 
 An input is three selector bytes and a request body: the rewriter and route
 (byte 0), the caller's tenant (byte 1, from ``TENANTS``: quotes, brackets,
@@ -31,19 +31,19 @@ from google.protobuf.message import Message
 
 from sidecar.core.hits import Route
 from sidecar.formats import grpc_frames, grpc_messages
-from sidecar.formats.base import MalformedRequest, RequestRewriter
-from sidecar.formats.chroma import ChromaFormat
-from sidecar.formats.elasticsearch import ElasticsearchFormat
-from sidecar.formats.generic import GenericFormat
+from sidecar.formats.base import MalformedRequest, ResponseFormat
+from sidecar.formats.chroma.rest import ChromaFormat
+from sidecar.formats.elasticsearch.rest import ElasticsearchFormat
+from sidecar.formats.generic.rest import GenericFormat
 from sidecar.formats.grpc_frames import frame
-from sidecar.formats.milvus import MilvusFormat
-from sidecar.formats.milvus_grpc import MilvusGrpcFormat
-from sidecar.formats.pinecone import PineconeFormat
-from sidecar.formats.pinecone_grpc import PineconeGrpcFormat
-from sidecar.formats.qdrant import QdrantFormat
-from sidecar.formats.qdrant_grpc import QdrantGrpcFormat
-from sidecar.formats.weaviate import WeaviateFormat
-from sidecar.formats.weaviate_grpc import WeaviateGrpcFormat
+from sidecar.formats.milvus.grpc import MilvusGrpcFormat
+from sidecar.formats.milvus.rest import MilvusFormat
+from sidecar.formats.pinecone.grpc import PineconeGrpcFormat
+from sidecar.formats.pinecone.rest import PineconeFormat
+from sidecar.formats.qdrant.grpc import QdrantGrpcFormat
+from sidecar.formats.qdrant.rest import QdrantFormat
+from sidecar.formats.weaviate.grpc import WeaviateGrpcFormat
+from sidecar.formats.weaviate.rest import WeaviateFormat
 from tests.fixtures.generic_bodies import BATCHES, INHOUSE
 
 HEADER: Final = 3
@@ -72,7 +72,7 @@ Checker = Callable[[bytes, Route, str], None]
 class Variant:
     """A rewriter on one of its routes; ``check`` None: collections only, no push-down."""
 
-    rewriter: RequestRewriter
+    rewriter: ResponseFormat
     route: Route
     check: Checker | None
 
@@ -733,7 +733,7 @@ def _weaviate_grpc_seeds() -> dict[str, list[tuple[str, Any]]]:
 @dataclass(frozen=True)
 class _Rewriter:
     name: str
-    rewriter: RequestRewriter
+    rewriter: ResponseFormat
     prefix: str  # the route path before a seeds key
     check: Checker
     seeds: Callable[[], Mapping[str, Sequence[Any]]]

@@ -24,7 +24,7 @@ from sidecar.formats.base import (
     MalformedBody,
     ParsedBody,
 )
-from sidecar.formats.generic import GenericFormat
+from sidecar.formats.generic.rest import GenericFormat
 from sidecar.formats.hits import Hits
 from tests.fixtures import (
     chroma_bodies,

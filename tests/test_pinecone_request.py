@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from sidecar.core.hits import Route
 from sidecar.formats.base import MalformedRequest, RequestRewrite, UnfilterableRequest
-from sidecar.formats.pinecone import PineconeFormat
+from sidecar.formats.pinecone.rest import PineconeFormat
 from sidecar.formats.registry import FormatTable
 from tests.format_strategies import PROPERTIES
 

@@ -48,7 +48,7 @@ from sidecar.core.integrity import canonical_sha256
 from sidecar.core.modes import Mode
 from sidecar.core.reasons import Reason
 from sidecar.enforcement.response_filter import FilterResult, ResponseFilter
-from sidecar.formats.base import RequestRewrite, RequestRewriter
+from sidecar.formats.base import RequestRewrite
 from sidecar.metrics import GateMetrics
 from sidecar.rego.regorus_engine import RegorusEngine
 from sidecar.runtime.server import Sidecar
@@ -453,7 +453,7 @@ def test_no_text_reaches_any_attribute(
     query_text = f"{_MARKER} query {query}"
     caller = Caller("acme", frozenset({f"user:{_MARKER}{principal}"}))
     fmt = traced.filter.format_for(SEARCH)
-    assert isinstance(fmt, RequestRewriter)
+    assert fmt is not None and fmt.rewrites_request(SEARCH)
     request = {"vector": [0.1], "filter": {"must": [{"key": "t", "match": {"text": query_text}}]}}
     rewrite = traced.filter.rewrite_request(fmt, SEARCH, caller, orjson.dumps(request))
     assert _MARKER.encode() in rewrite.body  # the query is there to leak

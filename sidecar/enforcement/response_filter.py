@@ -36,14 +36,7 @@ from sidecar.enforcement.candidates import CandidateList, CandidatesAnswer
 from sidecar.enforcement.deciding import Decider
 from sidecar.enforcement.recording import Recorder, ResponseFacts
 from sidecar.enforcement.releasing import release
-from sidecar.formats.base import (
-    MalformedBody,
-    RequestRewrite,
-    RequestRewriter,
-    ResponseFormat,
-    checks_query_string,
-    rewrites_requests,
-)
+from sidecar.formats.base import MalformedBody, RequestRewrite, ResponseFormat
 from sidecar.formats.registry import FormatTable
 from sidecar.metrics import NO_COLLECTION, GateMetrics
 from sidecar.store.cache import CachedStore
@@ -165,17 +158,15 @@ class ResponseFilter:
         """The settings that apply to ``route`` (mode, upstream-error passthrough, ...)."""
         return self._policy_for(route.path)
 
-    def rewriter_for(self, fmt: ResponseFormat, route: Route) -> RequestRewriter | None:
+    def rewriter_for(self, fmt: ResponseFormat, route: Route) -> ResponseFormat | None:
         """The format's request rewriter for ``route``, if its requests carry a query.
 
         Its bodies are read even without push-down or over-fetch: they can
         name collections the request policy must see.
         """
-        if not rewrites_requests(fmt) or not fmt.rewrites_request(route):
-            return None
-        return fmt
+        return fmt if fmt.rewrites_request(route) else None
 
-    def collections_reader(self, route: Route) -> RequestRewriter | None:
+    def collections_reader(self, route: Route) -> ResponseFormat | None:
         """For a route the gate does not filter, the rewriter that reads the collections
         its request bodies name; None when there is none.
 
@@ -189,21 +180,13 @@ class ResponseFilter:
         return self.rewriter_for(found[0], route)
 
     def body_collections(
-        self, reader: RequestRewriter, route: Route, body: bytes
+        self, reader: ResponseFormat, route: Route, body: bytes
     ) -> tuple[str, ...]:
         """The collections ``body`` names, as ``reader`` reads them; raises MalformedRequest.
 
         Nothing is rewritten: no tenant condition, no over-fetch.
         """
-        read = reader.rewrite_request(
-            body,
-            route,
-            tenant="",
-            tenant_key=None,
-            overfetch_factor=1.0,
-            overfetch_cap=self._overfetch_cap,
-        )
-        return read.collections
+        return reader.request_collections(body, route)
 
     def pushes_down(self, route: Route) -> bool:
         """True when searches on ``route`` are restricted to the caller's tenant."""
@@ -212,13 +195,13 @@ class ResponseFilter:
     def request_problem(self, fmt: ResponseFormat, route: Route, query_string: str) -> str | None:
         """Why a search on ``route`` cannot be restricted to the tenant as its URL stands;
         None when it can (or the route does not push down)."""
-        if not self.pushes_down(route) or not checks_query_string(fmt):
+        if not self.pushes_down(route):
             return None
         return fmt.query_string_problem(route, query_string)
 
     def rewrite_request(
         self,
-        rewriter: RequestRewriter,
+        rewriter: ResponseFormat,
         route: Route,
         caller: Caller,
         body: bytes,
@@ -227,11 +210,11 @@ class ResponseFilter:
         """Inject the caller's tenant filter and over-fetch; raises MalformedRequest.
 
         URL parameters that make the database page differently from the body
-        (``ChecksQueryString.overfetch_problem``) turn over-fetch off.
+        (``ResponseFormat.overfetch_problem``) turn over-fetch off.
         """
         policy = self._policy_for(route.path)
         factor = policy.overfetch_factor
-        if checks_query_string(rewriter) and rewriter.overfetch_problem(route, query_string):
+        if rewriter.overfetch_problem(route, query_string):
             factor = 1.0
         return rewriter.rewrite_request(
             body,

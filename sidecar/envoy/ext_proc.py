@@ -33,7 +33,6 @@ from sidecar.envoy.messages import header_dict, immediate, set_headers
 from sidecar.formats.base import (
     MalformedRequest,
     RequestRewrite,
-    RequestRewriter,
     ResponseFormat,
     UnfilterableRequest,
 )
@@ -132,7 +131,7 @@ class _Exchange:
     metadata: dict[str, dict[str, object]] | None = None  # forwarded filter metadata
     attributes: dict[str, object] | None = None  # Envoy's request attributes (request_attributes)
     fmt: ResponseFormat | None = None  # set while the response body must be filtered
-    rewriter: RequestRewriter | None = None  # set when the request body is to be rewritten
+    rewriter: ResponseFormat | None = None  # set when the request body is to be rewritten
     rewrite: RequestRewrite | None = None  # what the rewrite did, for the response side
     codings: tuple[str, ...] = ()  # the response body's content codings, as applied
     upstream_status: int | None = None  # set for a non-2xx upstream answer to be replaced
@@ -342,7 +341,7 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         return ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse(response=common))
 
     def _check_collections_only(
-        self, reader: RequestRewriter, route: Route, caller: Caller, body: bytes
+        self, reader: ResponseFormat, route: Route, caller: Caller, body: bytes
     ) -> ext_proc.ProcessingResponse:
         """Pass a request body unchanged once the collections it names passed the policy."""
         try:
