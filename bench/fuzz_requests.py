@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import graphql
 import orjson
-from fuzz_targets import ACCEPTED, REFUSED, OracleFailure, Target, header, pick
+from fuzz_targets import ACCEPTED, CORPUS, REFUSED, OracleFailure, Target, header, pick
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
@@ -842,6 +842,19 @@ def _target(rewriter: _Rewriter) -> Target:
     if rewriter.name == "elasticsearch":
         kind = "ndjson"
     return Target(f"request-{rewriter.name}", partial(_run, variants), make_seeds, kind, HEADER)
+
+
+def request_inputs() -> Iterator[tuple[str, ResponseFormat, Route, bytes]]:
+    """Every seed and kept corpus input of the request targets, as the target's name,
+    the rewriter, the route the input selects and the body."""
+    for rewriter in _REWRITERS:
+        name = f"request-{rewriter.name}"
+        routes = [Route("POST", rewriter.prefix + key) for key in rewriter.seeds()]
+        kept = sorted((CORPUS / name).iterdir()) if (CORPUS / name).is_dir() else []
+        for data in [*_target(rewriter).seeds(), *(path.read_bytes() for path in kept)]:
+            (which, *_), body = header(data, HEADER)
+            # Each route is a variant twice (pushed down, collections only).
+            yield name, rewriter.rewriter, routes[pick(routes * 2, which) % len(routes)], body
 
 
 def targets() -> list[Target]:
