@@ -1,4 +1,4 @@
-"""Fuzz targets for the request rewriters (``sidecar/formats/*_request.py``): tenant push-down.
+"""Fuzz targets for the request rewriters (``sidecar/formats/*/*_request.py``): tenant push-down.
 
 An input is three selector bytes and a request body: the rewriter and route
 (byte 0), the caller's tenant (byte 1, from ``TENANTS``: quotes, brackets,
@@ -25,25 +25,25 @@ from typing import Any, Final
 
 import graphql
 import orjson
-from fuzz_targets import ACCEPTED, REFUSED, OracleFailure, Target, header, pick
+from fuzz_targets import ACCEPTED, CORPUS, REFUSED, OracleFailure, Target, header, pick
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from sidecar.core.hits import Route
 from sidecar.formats import grpc_frames, grpc_messages
-from sidecar.formats.base import MalformedRequest, RequestRewriter
-from sidecar.formats.chroma import ChromaFormat
-from sidecar.formats.elasticsearch import ElasticsearchFormat
-from sidecar.formats.generic import GenericFormat
+from sidecar.formats.base import MalformedRequest, ResponseFormat
+from sidecar.formats.chroma.rest import ChromaFormat
+from sidecar.formats.elasticsearch.rest import ElasticsearchFormat
+from sidecar.formats.generic.rest import GenericFormat
 from sidecar.formats.grpc_frames import frame
-from sidecar.formats.milvus import MilvusFormat
-from sidecar.formats.milvus_grpc import MilvusGrpcFormat
-from sidecar.formats.pinecone import PineconeFormat
-from sidecar.formats.pinecone_grpc import PineconeGrpcFormat
-from sidecar.formats.qdrant import QdrantFormat
-from sidecar.formats.qdrant_grpc import QdrantGrpcFormat
-from sidecar.formats.weaviate import WeaviateFormat
-from sidecar.formats.weaviate_grpc import WeaviateGrpcFormat
+from sidecar.formats.milvus.grpc import MilvusGrpcFormat
+from sidecar.formats.milvus.rest import MilvusFormat
+from sidecar.formats.pinecone.grpc import PineconeGrpcFormat
+from sidecar.formats.pinecone.rest import PineconeFormat
+from sidecar.formats.qdrant.grpc import QdrantGrpcFormat
+from sidecar.formats.qdrant.rest import QdrantFormat
+from sidecar.formats.weaviate.grpc import WeaviateGrpcFormat
+from sidecar.formats.weaviate.rest import WeaviateFormat
 from tests.fixtures.generic_bodies import BATCHES, INHOUSE
 
 HEADER: Final = 3
@@ -72,7 +72,7 @@ Checker = Callable[[bytes, Route, str], None]
 class Variant:
     """A rewriter on one of its routes; ``check`` None: collections only, no push-down."""
 
-    rewriter: RequestRewriter
+    rewriter: ResponseFormat
     route: Route
     check: Checker | None
 
@@ -733,7 +733,7 @@ def _weaviate_grpc_seeds() -> dict[str, list[tuple[str, Any]]]:
 @dataclass(frozen=True)
 class _Rewriter:
     name: str
-    rewriter: RequestRewriter
+    rewriter: ResponseFormat
     prefix: str  # the route path before a seeds key
     check: Checker
     seeds: Callable[[], Mapping[str, Sequence[Any]]]
@@ -842,6 +842,19 @@ def _target(rewriter: _Rewriter) -> Target:
     if rewriter.name == "elasticsearch":
         kind = "ndjson"
     return Target(f"request-{rewriter.name}", partial(_run, variants), make_seeds, kind, HEADER)
+
+
+def request_inputs() -> Iterator[tuple[str, ResponseFormat, Route, bytes]]:
+    """Every seed and kept corpus input of the request targets, as the target's name,
+    the rewriter, the route the input selects and the body."""
+    for rewriter in _REWRITERS:
+        name = f"request-{rewriter.name}"
+        routes = [Route("POST", rewriter.prefix + key) for key in rewriter.seeds()]
+        kept = sorted((CORPUS / name).iterdir()) if (CORPUS / name).is_dir() else []
+        for data in [*_target(rewriter).seeds(), *(path.read_bytes() for path in kept)]:
+            (which, *_), body = header(data, HEADER)
+            # Each route is a variant twice (pushed down, collections only).
+            yield name, rewriter.rewriter, routes[pick(routes * 2, which) % len(routes)], body
 
 
 def targets() -> list[Target]:

@@ -37,13 +37,13 @@ from google.protobuf import json_format
 from sidecar.core.hits import Candidate, Replacement, Route
 from sidecar.formats import grpc_messages
 from sidecar.formats.base import AbsentAnswer, MalformedBody, ResponseFormat, Unreleasable
-from sidecar.formats.elasticsearch import ElasticsearchFormat
+from sidecar.formats.elasticsearch.rest import ElasticsearchFormat
 from sidecar.formats.grpc_frames import frame
-from sidecar.formats.milvus_grpc import MilvusGrpcFormat
-from sidecar.formats.pinecone_grpc import PineconeGrpcFormat
-from sidecar.formats.qdrant_grpc import QdrantGrpcFormat
-from sidecar.formats.weaviate import WeaviateFormat
-from sidecar.formats.weaviate_grpc import WeaviateGrpcFormat
+from sidecar.formats.milvus.grpc import MilvusGrpcFormat
+from sidecar.formats.pinecone.grpc import PineconeGrpcFormat
+from sidecar.formats.qdrant.grpc import QdrantGrpcFormat
+from sidecar.formats.weaviate.grpc import WeaviateGrpcFormat
+from sidecar.formats.weaviate.rest import WeaviateFormat
 from tests.fixtures import (
     chroma_bodies,
     elasticsearch_bodies,

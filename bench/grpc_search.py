@@ -67,7 +67,7 @@ from workloads import HEADLINE
 from sidecar.config import load_settings
 from sidecar.core.hits import Route
 from sidecar.formats.grpc_frames import frame, messages
-from sidecar.formats.milvus_grpc import MilvusGrpcFormat
+from sidecar.formats.milvus.grpc import MilvusGrpcFormat
 from sidecar.runtime.ports import free_port
 
 BENCH = Path(__file__).resolve().parent

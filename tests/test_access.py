@@ -11,8 +11,8 @@ import asyncio
 
 import pytest
 
-from sidecar.formats.elasticsearch import ElasticsearchFormat
-from sidecar.formats.qdrant import QdrantFormat
+from sidecar.formats.elasticsearch.rest import ElasticsearchFormat
+from sidecar.formats.qdrant.rest import QdrantFormat
 from sidecar.formats.registry import FormatTable
 from sidecar.identity import AuthRequest
 from sidecar.identity.headers import TrustedHeaders

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from sidecar.core.hits import Route
 from sidecar.formats.base import MalformedRequest, RequestRewrite, UnfilterableRequest
-from sidecar.formats.chroma import ChromaFormat
+from sidecar.formats.chroma.rest import ChromaFormat
 from tests.fixtures.chroma_bodies import route
 from tests.format_strategies import PROPERTIES
 

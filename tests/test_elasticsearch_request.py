@@ -22,11 +22,10 @@ from sidecar.core.hits import Route
 from sidecar.formats.base import (
     MalformedRequest,
     RequestRewrite,
-    RequestRewriter,
     UnfilterableRequest,
 )
-from sidecar.formats.elasticsearch import ElasticsearchFormat
-from sidecar.formats.elasticsearch_request import overfetch_problem, query_string_problem
+from sidecar.formats.elasticsearch.rest import ElasticsearchFormat
+from sidecar.formats.elasticsearch.rest_request import overfetch_problem, query_string_problem
 from tests.format_strategies import PROPERTIES, json_values
 
 TENANT = "acme"
@@ -86,8 +85,11 @@ def read_lines(body: bytes) -> list[Body]:
 # -- which routes are rewritten ---------------------------------------------------
 
 
-def test_the_format_is_a_request_rewriter() -> None:
-    assert isinstance(FMT, RequestRewriter)
+def test_the_format_declares_its_request_checks() -> None:
+    search = Route("POST", "/docs/_search")
+    assert FMT.rewrites_request(search)
+    assert FMT.query_string_problem(search, "q=title:x") is not None
+    assert FMT.overfetch_problem(search, "size=5") is not None
 
 
 @pytest.mark.parametrize(

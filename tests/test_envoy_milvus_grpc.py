@@ -27,7 +27,7 @@ import pytest
 from milvus_lite.adapter.grpc.server import start_server_in_thread
 from pymilvus import AnnSearchRequest, DataType, MilvusClient, MilvusException, RRFRanker
 
-from sidecar.formats.milvus import ERROR_MESSAGE
+from sidecar.formats.milvus.rest import ERROR_MESSAGE
 from tests.fixtures import tokens
 from tests.fixtures.records import record_dict, text_for
 from tests.harness import GateStack

@@ -26,7 +26,7 @@ from pinecone.errors.exceptions import ApiError, UnauthorizedError
 from pinecone.grpc import GrpcIndex
 
 from sidecar.formats import grpc_messages
-from sidecar.formats.pinecone_grpc_request import python_struct
+from sidecar.formats.pinecone.grpc_request import python_struct
 from tests.fixtures import tokens
 from tests.fixtures.grpc_upstream import FakeGrpcUpstream
 from tests.fixtures.records import record_dict, text_for

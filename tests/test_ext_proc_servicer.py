@@ -25,11 +25,10 @@ import zstandard
 from google.protobuf import struct_pb2
 
 from sidecar.config import IdentityMode, RouteOptions, Settings
-from sidecar.core.hits import Route, RouteKind
+from sidecar.core.hits import Route
 from sidecar.core.modes import Mode
 from sidecar.envoy.ext_proc import ExternalProcessorServicer
 from sidecar.request.request_path import IDENTITY_NAMESPACE
-from sidecar.formats.registry import FormatTable
 from sidecar.runtime.server import Sidecar
 from sidecar.store.loader import parse_record
 from sidecar.wire import envoy_core_pb2 as core
@@ -520,22 +519,21 @@ def test_compressed_body_over_the_limit_once_decoded_is_502(tmp_path: Path) -> N
     assert answers[2].immediate_response.status.code == 502
 
 
-def test_unexpected_failure_answers_500(sidecar: Sidecar) -> None:
-    class Exploding:
-        name = "exploding"
+def test_unexpected_failure_answers_500(sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch) -> None:
+    fmt = sidecar.response_filter.format_for(Route("POST", SEARCH))
+    assert fmt is not None
 
-        def route_kind(self, route: Route) -> RouteKind:
-            return RouteKind.FILTERED
+    def bug(body: bytes, route: Route) -> object:
+        raise RuntimeError("bug")
 
-        def parse(self, body: bytes, route: Route) -> object:
-            raise RuntimeError("bug")
-
-    sidecar.response_filter._formats = FormatTable([Exploding()])  # type: ignore[list-item]
+    # The format the request path planned with is the one that parses the body.
+    monkeypatch.setattr(fmt, "parse", bug)
     answers = run_stream(
         sidecar, [request_headers(SEARCH), response_headers(), response_body(BODY)]
     )
+    assert len(answers) == 3  # the request and the response headers were answered as usual
     assert answers[-1].immediate_response.status.code == 500
-    assert b"unknown chunk" not in answers[-1].immediate_response.body
+    assert answers[-1].immediate_response.body == b'{"error":"gate_internal_error"}'
 
 
 @pytest.fixture
@@ -659,7 +657,9 @@ def test_a_large_body_is_parsed_off_the_event_loop_while_small_ones_complete(
         server = grpc.aio.server(options=options)
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(
             ExternalProcessorServicer(
-                sidecar.request_path, sidecar.response_filter, max_body_bytes=settings.max_body_bytes
+                sidecar.request_path,
+                sidecar.response_filter,
+                max_body_bytes=settings.max_body_bytes,
             ),
             server,
         )

@@ -33,9 +33,9 @@ from hypothesis import strategies as st
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.core.integrity import canonical_fields
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody, ResponseFormat
-from sidecar.formats.chroma import ChromaFormat, PathCollection
-from sidecar.formats.chroma_request import collection_endpoint
-from sidecar.formats.qdrant import QdrantFormat
+from sidecar.formats.chroma.rest import ChromaFormat, PathCollection
+from sidecar.formats.chroma.rest_request import collection_endpoint
+from sidecar.formats.qdrant.rest import QdrantFormat
 from sidecar.formats.registry import FormatTable, build_format_table, classify
 from tests.fixtures.chroma_bodies import (
     ALL_INCLUDE,

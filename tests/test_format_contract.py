@@ -1,15 +1,21 @@
-"""The response format contract, one property suite run against every adapter.
+"""The format contract, one property suite run against every adapter.
 
 Each adapter's cases (``CONTRACT_CASES`` of ``tests/fixtures/<db>_bodies.py``)
 give a format, the shapes of its filtered routes and a body builder. Built
 from the kept hits alone, a body is what rendering must give; whatever else
 the adapter parses, what it renders holds exactly the hits it says it
 released. Database-specific cases stay in ``tests/test_format_<db>.py``.
+
+On the request side every adapter, REST and gRPC, reads the collections a
+body names (``request_collections``) exactly as its rewrite names them, over
+the request fuzz corpus (``tests/corpus/request-*``) and arbitrary bodies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import sys
+from collections.abc import Callable, Collection
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -22,10 +28,15 @@ from sidecar.formats.base import (
     SUBSTITUTED_FOR,
     AbsentAnswer,
     MalformedBody,
+    MalformedRequest,
     ParsedBody,
+    RequestCapabilities,
+    RequestRewrite,
+    ResponseFormat,
 )
-from sidecar.formats.generic import GenericFormat
+from sidecar.formats.generic.rest import GenericFormat
 from sidecar.formats.hits import Hits
+from sidecar.formats.registry import BUILT_IN
 from tests.fixtures import (
     chroma_bodies,
     elasticsearch_bodies,
@@ -355,3 +366,106 @@ def test_every_adapter_runs_the_contract() -> None:
         "MilvusFormat",
         "GenericFormat",
     }
+
+
+# -- the request side: the collections a body names ----------------------------------------
+
+# The request fuzz targets live with the fuzzer (bench/ holds scripts).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+from fuzz_requests import request_inputs  # noqa: E402
+
+REQUESTS = list(request_inputs())
+REQUEST_TARGETS = sorted({name for name, *_ in REQUESTS})
+# What a rewrite applies, beside reading: nothing, push-down, over-fetch, both.
+REWRITES = [(None, 1.0), ("tenant", 1.0), (None, 2.0), ("tenant", 2.0)]
+
+
+def _named(read: Callable[..., tuple[str, ...]], *args: Any) -> tuple[str, ...] | str:
+    """The collections ``read(*args)`` gives, or the refusal it raises."""
+    try:
+        return read(*args)
+    except MalformedRequest as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _rewrite_names(
+    fmt: ResponseFormat, body: bytes, route: Route, tenant_key: str | None, factor: float
+) -> tuple[str, ...]:
+    rewrite = fmt.rewrite_request(
+        body,
+        route,
+        tenant="acme",
+        tenant_key=tenant_key,
+        overfetch_factor=factor,
+        overfetch_cap=100,
+    )
+    return rewrite.collections
+
+
+def _check_request_collections(fmt: ResponseFormat, route: Route, body: bytes) -> None:
+    """``request_collections`` is what a rewrite without anything to apply names (or
+    refuses), and what every rewrite that goes through names."""
+    read = _named(fmt.request_collections, body, route)
+    for tenant_key, factor in REWRITES:
+        rewritten = _named(_rewrite_names, fmt, body, route, tenant_key, factor)
+        if tenant_key is None and factor == 1.0:
+            assert read == rewritten
+        elif not isinstance(rewritten, str):
+            # Push-down and over-fetch refuse more, never name other collections.
+            assert read == rewritten
+
+
+@pytest.mark.parametrize("target", REQUEST_TARGETS)
+def test_request_collections_are_what_the_rewrite_names(target: str) -> None:
+    inputs = [(fmt, route, body) for name, fmt, route, body in REQUESTS if name == target]
+    assert inputs
+    for fmt, route, body in inputs:
+        _check_request_collections(fmt, route, body)
+
+
+@PROPERTIES
+@given(
+    request=st.sampled_from([(fmt, route) for _, fmt, route, _ in REQUESTS]),
+    body=st.one_of(st.binary(max_size=64), json_values.map(orjson.dumps)),
+)
+def test_request_collections_of_any_body_are_what_the_rewrite_names(
+    request: tuple[ResponseFormat, Route], body: bytes
+) -> None:
+    _check_request_collections(*request, body)
+
+
+def test_every_adapter_reads_the_collections_of_its_requests() -> None:
+    assert {fmt.name for _, fmt, _, _ in REQUESTS} >= set(BUILT_IN)
+    assert any(isinstance(fmt, GenericFormat) for _, fmt, _, _ in REQUESTS)
+    named = {
+        fmt.name
+        for _, fmt, route, body in REQUESTS
+        if isinstance(found := _named(fmt.request_collections, body, route), tuple) and found
+    }
+    # The formats whose bodies name collections beyond the path.
+    assert named >= {
+        "qdrant",
+        "milvus",
+        "pinecone",
+        "elasticsearch",
+        "weaviate",
+        "qdrant_grpc",
+        "milvus_grpc",
+        "pinecone_grpc",
+        "weaviate_grpc",
+    }
+
+
+def test_a_format_that_reads_no_request_declares_so() -> None:
+    defaults = RequestCapabilities()
+    route = Route("POST", "/collections/docs/points/search")
+    assert not defaults.rewrites_request(route)
+    assert defaults.request_collections(b"not read", route) == ()
+    rewrite = defaults.rewrite_request(
+        b"as sent", route, tenant="acme", tenant_key="tenant", overfetch_factor=2, overfetch_cap=9
+    )
+    assert rewrite == RequestRewrite(b"as sent", (), tenant_filter=False, overfetched=False)
+    assert defaults.query_string_problem(route, "q=x") is None
+    assert defaults.overfetch_problem(route, "size=1") is None
+    assert defaults.route_collections(route) is None

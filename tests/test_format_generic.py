@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.core.integrity import canonical_fields
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
-from sidecar.formats.generic import GenericFormat
+from sidecar.formats.generic.rest import GenericFormat
 from sidecar.formats.registry import build_format_table
 from tests.fixtures.generic_bodies import (
     BATCHES,

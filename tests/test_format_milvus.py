@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.core.integrity import canonical_fields
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
-from sidecar.formats.milvus import ERROR_MESSAGE, MilvusFormat
+from sidecar.formats.milvus.rest import ERROR_MESSAGE, MilvusFormat
 from tests.fixtures.milvus_bodies import (
     FETCHES,
     SEARCHES,

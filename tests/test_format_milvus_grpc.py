@@ -25,9 +25,9 @@ from sidecar.core.hits import Replacement, Route, RouteKind
 from sidecar.core.integrity import canonical_fields
 from sidecar.formats import grpc_frames, grpc_messages
 from sidecar.formats.base import MalformedBody
-from sidecar.formats.milvus import ERROR_MESSAGE
-from sidecar.formats.milvus_grpc import MilvusGrpcFormat
-from sidecar.formats.milvus_grpc_methods import KINDS
+from sidecar.formats.milvus.grpc import MilvusGrpcFormat
+from sidecar.formats.milvus.grpc_methods import KINDS
+from sidecar.formats.milvus.rest import ERROR_MESSAGE
 from tests.fixtures import milvus_grpc_bodies as mb
 from tests.fixtures.milvus_grpc_bodies import DT, Reply, column
 from tests.format_strategies import PROPERTIES, SLOW_PROPERTIES

@@ -25,7 +25,7 @@ from pinecone._internal.adapters.vectors_adapter import VectorsAdapter
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.core.integrity import canonical_fields
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
-from sidecar.formats.pinecone import PineconeFormat
+from sidecar.formats.pinecone.rest import PineconeFormat
 from tests.fixtures.pinecone_bodies import (
     NAMESPACE,
     QUERY_ROUTE,

@@ -25,7 +25,7 @@ from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.core.integrity import canonical_fields
 from sidecar.formats import grpc_adapter, grpc_frames, grpc_messages
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody
-from sidecar.formats.pinecone_grpc import PineconeGrpcFormat
+from sidecar.formats.pinecone.grpc import PineconeGrpcFormat
 from tests.format_strategies import PROPERTIES
 
 QUERY = Route("POST", "/VectorService/Query")

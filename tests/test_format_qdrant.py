@@ -20,7 +20,7 @@ from qdrant_client.http import models
 
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.formats.base import SUBSTITUTED_FOR, AbsentAnswer, MalformedBody, ParsedBody
-from sidecar.formats.qdrant import QdrantFormat
+from sidecar.formats.qdrant.rest import QdrantFormat
 from tests.fixtures.qdrant_bodies import (
     BUILDERS,
     TIME,

@@ -25,8 +25,8 @@ from sidecar.core.hits import Replacement, Route, RouteKind
 from sidecar.formats import grpc_messages
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody
 from sidecar.formats.grpc_frames import frame
-from sidecar.formats.qdrant import QdrantFormat, next_offset_after
-from sidecar.formats.qdrant_grpc import QdrantGrpcFormat, fill_value, point_id, python_value
+from sidecar.formats.qdrant.grpc import QdrantGrpcFormat, fill_value, point_id, python_value
+from sidecar.formats.qdrant.rest import QdrantFormat, next_offset_after
 from tests.fixtures.qdrant_grpc_upstream import (
     framed,
     ids_of,
@@ -240,7 +240,6 @@ def test_every_method_of_the_points_service_is_classified() -> None:
     "route_",
     [
         Route("GET", "/qdrant.Points/Query"),
-        Route("POST", "/qdrant.Points/NewMethod"),
         Route("POST", "/qdrant.Points/"),
         Route("POST", "/qdrant.Points/Query/x"),
         Route("POST", "/qdrant.Collections/Get"),
@@ -253,6 +252,13 @@ def test_other_paths_are_not_its_routes(route_: Route) -> None:
     assert FORMAT.route_kind(route_) is None
     with pytest.raises(ValueError, match="not handled"):
         FORMAT.parse(b"", route_)
+
+
+def test_a_method_it_does_not_know_may_return_content() -> None:
+    # A newer Qdrant's method: the request policy must see it as content, not unknown.
+    assert FORMAT.route_kind(route("NewMethod")) is RouteKind.CONTENT
+    with pytest.raises(ValueError, match="not handled"):
+        FORMAT.parse(b"", route("NewMethod"))
 
 
 def test_name_and_collections() -> None:

@@ -6,7 +6,7 @@ import orjson
 
 from sidecar.core.hits import Replacement
 from sidecar.formats.base import SUBSTITUTED_FOR
-from sidecar.formats.qdrant import QdrantFormat
+from sidecar.formats.qdrant.rest import QdrantFormat
 from tests.fixtures import qdrant_bodies as qb
 from tests.test_format_qdrant import RESPONSE_MODELS
 

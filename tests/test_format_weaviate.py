@@ -34,8 +34,8 @@ from weaviate.collections.classes.internal import _RawGQLReturn
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.core.integrity import canonical_fields
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody, Unreleasable
-from sidecar.formats.weaviate import WeaviateFormat
-from sidecar.formats.weaviate_body import GENERATIVE_WITHHELD, UPSTREAM_ERROR
+from sidecar.formats.weaviate.rest import WeaviateFormat
+from sidecar.formats.weaviate.rest_body import GENERATIVE_WITHHELD, UPSTREAM_ERROR
 from tests.fixtures.weaviate_bodies import (
     UUIDS,
     Body,

@@ -34,8 +34,8 @@ from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.core.integrity import canonical_fields
 from sidecar.formats import grpc_frames, grpc_messages
 from sidecar.formats.base import MalformedBody, Unreleasable
-from sidecar.formats.weaviate_grpc import WeaviateGrpcFormat
-from sidecar.formats.weaviate_grpc_reply import WITHHELD_GROUP_NAME
+from sidecar.formats.weaviate.grpc import WeaviateGrpcFormat
+from sidecar.formats.weaviate.grpc_reply import WITHHELD_GROUP_NAME
 from tests.format_strategies import PROPERTIES
 
 SEARCH = Route("POST", "/weaviate.v1.Weaviate/Search")
@@ -243,7 +243,6 @@ def test_the_gates_search_messages_have_the_clients_fields() -> None:
     [
         ("GET", "/weaviate.v1.Weaviate/Search"),
         ("POST", "/weaviate.v1.Weaviate/Search/more"),
-        ("POST", "/weaviate.v1.Weaviate/Unknown"),
         ("POST", "/weaviate.v1.Weaviate/"),
         ("POST", "/grpc.health.v1.Health/List"),
         ("GET", "/grpc.health.v1.Health/Check"),
@@ -254,6 +253,13 @@ def test_the_gates_search_messages_have_the_clients_fields() -> None:
 )
 def test_paths_outside_the_service_are_not_its(method: str, path: str) -> None:
     assert WeaviateGrpcFormat().route_kind(Route(method, path)) is None
+
+
+def test_a_method_it_does_not_know_may_return_content() -> None:
+    route = Route("POST", "/weaviate.v1.Weaviate/Unknown")
+    assert WeaviateGrpcFormat().route_kind(route) is RouteKind.CONTENT
+    with pytest.raises(ValueError, match="not handled"):
+        WeaviateGrpcFormat().parse(b"", route)
 
 
 def test_name_and_collections() -> None:

@@ -22,7 +22,7 @@ import pytest
 
 from sidecar.core.hits import Route
 from sidecar.formats.base import ParsedBody
-from sidecar.formats.qdrant import QdrantFormat
+from sidecar.formats.qdrant.rest import QdrantFormat
 from sidecar.rego import bundle
 from sidecar.store import loader
 
@@ -113,7 +113,7 @@ def test_a_render_that_releases_rejected_hits_fails_the_oracle(
 
 
 def test_a_push_down_that_adds_nothing_fails_the_oracle(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sidecar.formats.qdrant_grpc_request as grpc_request
+    import sidecar.formats.qdrant.grpc_request as grpc_request
 
     monkeypatch.setattr(grpc_request, "_add_condition", lambda holder, condition: None)
     target = TARGETS["request-qdrant_grpc"]

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from sidecar.core.hits import Route
 from sidecar.formats.base import MalformedRequest, RequestRewrite, UnfilterableRequest
-from sidecar.formats.generic import GenericFormat
+from sidecar.formats.generic.rest import GenericFormat
 from sidecar.formats.registry import build_format_table
 from tests.fixtures.generic_bodies import INHOUSE, generic_format
 from tests.format_strategies import PROPERTIES, json_values

@@ -11,14 +11,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.core.hits import Route
+from sidecar.core.hits import Route, RouteKind
 from sidecar.envoy import grpc_body
 from sidecar.envoy.content_encoding import UndecodableBody
 from sidecar.envoy.messages import refusal_answer
 from sidecar.formats import grpc_frames, grpc_messages
 from sidecar.formats.base import MalformedBody
-from sidecar.formats.grpc_adapter import decode_unary, encode_unary, grpc_method
+from sidecar.formats.grpc_adapter import GrpcAdapter, decode_unary, encode_unary, grpc_method
+from sidecar.formats.registry import BUILT_IN, FormatTable
 from sidecar.refusals import FORBIDDEN, GrpcStatus, grpc_status_for
+
+GRPC_FORMATS = [name for name in BUILT_IN if name.endswith("_grpc")]
 
 
 def compressed_frame(message: bytes) -> bytes:
@@ -184,3 +187,21 @@ def test_the_gate_imports_no_database_client_package() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_there_are_four_grpc_adapters() -> None:
+    assert sorted(GRPC_FORMATS) == ["milvus_grpc", "pinecone_grpc", "qdrant_grpc", "weaviate_grpc"]
+
+
+@pytest.mark.parametrize("name", GRPC_FORMATS)
+def test_every_grpc_adapter_treats_an_unknown_method_of_its_service_as_content(name: str) -> None:
+    # A newer server's method may return stored data: never an unknown route,
+    # which the request policy alone would answer, with the response unread.
+    fmt = BUILT_IN[name]()
+    assert isinstance(fmt, GrpcAdapter)
+    unknown = Route("POST", f"/{fmt.service}/MethodOfANewerServer")
+    assert fmt.route_kind(unknown) is RouteKind.CONTENT
+    assert FormatTable([fmt]).route_kind(unknown) is RouteKind.CONTENT
+    assert FormatTable([fmt]).response_format(unknown) is None
+    assert not fmt.rewrites_request(unknown)
+    assert fmt.route_kind(Route("GET", f"/{fmt.service}/MethodOfANewerServer")) is None

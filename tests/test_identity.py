@@ -13,7 +13,7 @@ from google.protobuf import json_format
 from sidecar.core.caller import Caller, IdentityError
 from sidecar.core.hits import Route
 from sidecar.envoy.ext_authz import AuthorizationServicer
-from sidecar.formats.qdrant import QdrantFormat
+from sidecar.formats.qdrant.rest import QdrantFormat
 from sidecar.formats.registry import path_collections
 from sidecar.identity import AuthRequest
 from sidecar.identity.headers import TrustedHeaders

@@ -23,8 +23,8 @@ from pymilvus.grpc_gen import common_pb2, milvus_pb2, schema_pb2
 from sidecar.core.hits import Route
 from sidecar.formats.base import MalformedRequest, RequestRewrite, UnfilterableRequest
 from sidecar.formats.grpc_frames import frame, messages
-from sidecar.formats.milvus_grpc import MilvusGrpcFormat
-from sidecar.formats.milvus_request import string_literal
+from sidecar.formats.milvus.grpc import MilvusGrpcFormat
+from sidecar.formats.milvus.rest_request import string_literal
 from tests.fixtures import milvus_grpc_bodies as mb
 from tests.format_strategies import PROPERTIES
 from tests.test_milvus_request import _attempts, _encloses, _reference_tokens

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 
 from sidecar.core.hits import Route
 from sidecar.formats.base import MalformedRequest, RequestRewrite, UnfilterableRequest
-from sidecar.formats.milvus import MilvusFormat
-from sidecar.formats.milvus_request import expression_problem, string_literal, tenant_field
+from sidecar.formats.milvus.rest import MilvusFormat
+from sidecar.formats.milvus.rest_request import expression_problem, string_literal, tenant_field
 from tests.format_strategies import PROPERTIES
 
 FMT = MilvusFormat()

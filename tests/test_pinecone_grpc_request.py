@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from sidecar.core.hits import Route
 from sidecar.formats import grpc_adapter, grpc_frames, grpc_messages
 from sidecar.formats.base import MalformedRequest, RequestRewrite, UnfilterableRequest
-from sidecar.formats.pinecone import PineconeFormat
-from sidecar.formats.pinecone_grpc import PineconeGrpcFormat
-from sidecar.formats.pinecone_grpc_request import python_struct
+from sidecar.formats.pinecone.grpc import PineconeGrpcFormat
+from sidecar.formats.pinecone.grpc_request import python_struct
+from sidecar.formats.pinecone.rest import PineconeFormat
 from tests.format_strategies import PROPERTIES
 
 FMT = PineconeGrpcFormat()

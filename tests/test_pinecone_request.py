@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from sidecar.core.hits import Route
 from sidecar.formats.base import MalformedRequest, RequestRewrite, UnfilterableRequest
-from sidecar.formats.pinecone import PineconeFormat
+from sidecar.formats.pinecone.rest import PineconeFormat
 from sidecar.formats.registry import FormatTable
 from tests.format_strategies import PROPERTIES
 
@@ -241,6 +241,16 @@ def test_a_records_search_names_its_path_namespace_as_written() -> None:
     assert FMT.route_collections(Route("post", "/RECORDS/namespaces/Docs-1/search/")) == ["Docs-1"]
     assert FMT.rewrites_request(Route("post", "/RECORDS/namespaces/Docs-1/search/"))
     assert FMT.route_collections(QUERY) is None
+
+
+@pytest.mark.parametrize("tenant_key", [None, "tenant"])
+@pytest.mark.parametrize("factor", [1, 2])
+def test_a_records_search_body_names_no_namespace(tenant_key: str | None, factor: float) -> None:
+    # Its namespace is the path's; the body cannot name one, so nothing is read
+    # from it for the request policy, with or without push-down.
+    body = {"query": {"top_k": 5, "inputs": {"text": "q"}}}
+    assert rewrite(body, SEARCH, tenant_key=tenant_key, factor=factor).collections == ()
+    assert FMT.request_collections(orjson.dumps(body), SEARCH) == ()
 
 
 # -- properties: the app's filter keeps its meaning, the tenant always holds ------------------

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 from sidecar.core.hits import Replacement, Route
 from sidecar.formats.base import MalformedBody
-from sidecar.formats.elasticsearch import ElasticsearchFormat
+from sidecar.formats.elasticsearch.rest import ElasticsearchFormat
 from sidecar.formats.hits import Field, HitLayout, Hits
-from sidecar.formats.milvus import MilvusFormat
-from sidecar.formats.qdrant import QdrantFormat
+from sidecar.formats.milvus.rest import MilvusFormat
+from sidecar.formats.qdrant.rest import QdrantFormat
 from tests.format_strategies import PROPERTIES
 
 _scalars = st.one_of(

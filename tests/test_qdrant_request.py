@@ -26,11 +26,10 @@ from sidecar.core.hits import Route
 from sidecar.formats.base import (
     MalformedRequest,
     RequestRewrite,
-    RequestRewriter,
     ResponseFormat,
     UnfilterableRequest,
 )
-from sidecar.formats.qdrant import QdrantFormat
+from sidecar.formats.qdrant.rest import QdrantFormat
 from tests.fixtures.qdrant_bodies import encode, point, query_body, route
 from tests.format_strategies import PROPERTIES
 
@@ -263,11 +262,9 @@ def test_examples_are_valid_requests() -> None:
         REQUEST_MODELS[endpoint].model_validate(_with_filter(endpoint, APP_FILTER))
 
 
-def test_qdrant_format_is_a_request_rewriter() -> None:
-    rewriter: RequestRewriter = QdrantFormat()
+def test_qdrant_format_declares_that_it_rewrites_searches() -> None:
     response_format: ResponseFormat = QdrantFormat()
-    assert isinstance(rewriter, RequestRewriter)
-    assert isinstance(response_format, RequestRewriter)
+    assert all(response_format.rewrites_request(route(endpoint)) for endpoint in ENDPOINTS)
 
 
 @pytest.mark.parametrize("endpoint", ENDPOINTS)

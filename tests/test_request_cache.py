@@ -17,7 +17,7 @@ import pytest
 from sidecar.config import default_policy_dir
 from sidecar.core.caller import Caller
 from sidecar.core.policy import PolicyError
-from sidecar.formats.qdrant import QdrantFormat
+from sidecar.formats.qdrant.rest import QdrantFormat
 from sidecar.formats.registry import FormatTable
 from sidecar.identity import AuthRequest
 from sidecar.identity.headers import TrustedHeaders

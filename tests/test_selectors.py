@@ -1,7 +1,7 @@
 """The selector language of the generic adapter: parsing, errors, matching.
 
 The grammar is the project's own (a subset of JSONPath: ``$``, ``.name``,
-``['name']``, ``[*]``), documented in ``sidecar/formats/selectors.py``.
+``['name']``, ``[*]``), documented in ``sidecar/formats/generic/selectors.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.formats.base import MalformedBody
-from sidecar.formats.selectors import EACH, Match, Selector, Step
+from sidecar.formats.generic.selectors import EACH, Match, Selector, Step
 
 # -- parsing --------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ from sidecar.core.integrity import canonical_sha256
 from sidecar.core.modes import Mode, RoutePolicies
 from sidecar.core.reasons import Reason
 from sidecar.enforcement.response_filter import FilterResult, ResponseFilter
-from sidecar.formats.base import RequestRewrite, RequestRewriter
+from sidecar.formats.base import RequestRewrite
 from sidecar.metrics import GateMetrics
 from sidecar.rego.regorus_engine import RegorusEngine
 from sidecar.runtime.server import Sidecar
@@ -453,9 +453,16 @@ def test_no_text_reaches_any_attribute(
     query_text = f"{_MARKER} query {query}"
     caller = Caller("acme", frozenset({f"user:{_MARKER}{principal}"}))
     fmt = traced.filter.format_for(SEARCH)
-    assert isinstance(fmt, RequestRewriter)
+    assert fmt is not None and fmt.rewrites_request(SEARCH)
     request = {"vector": [0.1], "filter": {"must": [{"key": "t", "match": {"text": query_text}}]}}
-    rewrite = traced.filter.rewrite_request(fmt, SEARCH, caller, orjson.dumps(request))
+    rewrite = fmt.rewrite_request(
+        orjson.dumps(request),
+        SEARCH,
+        tenant=caller.tenant,
+        tenant_key="tenant",
+        overfetch_factor=1.0,
+        overfetch_cap=1000,
+    )
     assert _MARKER.encode() in rewrite.body  # the query is there to leak
 
     traced.search(hits, {"traceparent": TRACEPARENT}, caller=caller, rewrite=rewrite)

@@ -22,7 +22,7 @@ from weaviate.proto.v1 import (
 from sidecar.core.hits import Route
 from sidecar.formats import grpc_frames, grpc_messages
 from sidecar.formats.base import MalformedRequest, RequestRewrite, UnfilterableRequest
-from sidecar.formats.weaviate_grpc import WeaviateGrpcFormat
+from sidecar.formats.weaviate.grpc import WeaviateGrpcFormat
 from tests.format_strategies import PROPERTIES
 
 SEARCH = Route("POST", "/weaviate.v1.Weaviate/Search")

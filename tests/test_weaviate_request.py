@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from sidecar.core.hits import Route, RouteKind
 from sidecar.formats.base import MalformedRequest, RequestRewrite, UnfilterableRequest
-from sidecar.formats.weaviate import WeaviateFormat
+from sidecar.formats.weaviate.rest import WeaviateFormat
 from tests.format_strategies import PROPERTIES
 
 TENANT = "acme"

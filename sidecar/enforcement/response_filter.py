@@ -233,8 +233,9 @@ class ResponseFilter:
             if policy.pass_upstream_errors:
                 self.count_passthrough(fmt.name, route)
                 return _PASS_UNREAD
-            known = status.isdigit() and 300 <= int(status) <= 599
-            error = int(status) if known else _BAD_GATEWAY
+            # The status as sent goes to the audit record; a gRPC error's is its 200.
+            grpc_failed = grpc_error != "0" and status.startswith("2")
+            error = int(status) if status.isdigit() and not grpc_failed else _BAD_GATEWAY
             return ResponseStart(read_body=has_body, upstream_error=error)
         # Audit mode changes nothing the client gets; otherwise only allowlisted
         # upstream headers reach it.
@@ -328,7 +329,10 @@ class ResponseFilter:
         audit_mode = facts.mode is Mode.AUDIT
         outcome = Outcome.PASSTHROUGH if audit_mode else Outcome.ERROR
         upstream = UpstreamError.from_body(status, body)
-        refusal = refusals.UPSTREAM_ERROR.at_status(status)
+        # Only a final status can answer; an interim (1xx) one, or none, is a 502.
+        refusal = refusals.UPSTREAM_ERROR
+        if 300 <= status <= 599:
+            refusal = refusal.at_status(status)
         try:
             self._recorder.upstream_error(facts, outcome, refusal.code, upstream)
         except AuditError:
@@ -337,7 +341,8 @@ class ResponseFilter:
             return FilterResult(outcome, status, None, refusal=refusal)
         error = refusal.body(facts.decision_id)
         # The headers a rejected hit answered as absent gets too: the two look alike.
-        return FilterResult(outcome, status, error, _gate_headers(facts.decision_id, 0), refusal)
+        headers = _gate_headers(facts.decision_id, 0)
+        return FilterResult(outcome, refusal.http_status, error, headers, refusal)
 
     async def filter(
         self,

@@ -137,8 +137,10 @@ def body_answer(
     upstream's and rejects a body of another length (gRPC answers have none:
     frames carry lengths). A rewritten request sets it in ``headers``.
     """
-    mutation = ext_proc.HeaderMutation(set_headers=set_headers(headers))
-    common = ext_proc.CommonResponse(header_mutation=mutation)
+    common = ext_proc.CommonResponse()
+    # A message field set from another message is a copy: change it in place.
+    mutation = common.header_mutation
+    mutation.set_headers.extend(set_headers(headers))
     if body is not None:
         common.body_mutation.body = body
         mutation.remove_headers.extend(remove)

@@ -3,7 +3,8 @@
 An adapter turns a vector database's response body into candidates (one per
 returned hit, in body order) and renders the body again keeping only the
 admitted positions. An adapter may also rewrite search requests on their way
-to the database (RequestRewriter). Adapters know nothing about policy or Envoy.
+to the database and read the collections they name (``RequestCapabilities``,
+whose defaults read no request). Adapters know nothing about policy or Envoy.
 
 ``ResponseAdapter.parse`` is a template method, the same for every database:
 find the shape of the route's responses (ValueError for a route the adapter
@@ -29,7 +30,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeGuard, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar
 
 import orjson
 
@@ -142,35 +143,9 @@ class ResponseFormat(Protocol):
         """Parse a successful response body; raise MalformedBody if it is not one."""
         ...
 
-
-@dataclass(frozen=True, slots=True)
-class RequestRewrite:
-    """A search request as the gate forwards it, and what was changed.
-
-    ``limits`` has one entry per sub-request, in the order their sub-results
-    come back, when any of them was over-fetched: the number of results the
-    app asked for where the gate raised it, None where it did not. It is empty
-    when nothing was over-fetched. Pass it to ``ParsedBody.render`` as it is.
-    ``tenant_filter`` and ``overfetched`` say what was applied, for the audit
-    record. ``collections`` are the collections the body names beyond the
-    path (a lookup collection, a GraphQL class, a batch line's index), for
-    the request policy's ownership check.
-    """
-
-    body: bytes
-    limits: tuple[int | None, ...]
-    tenant_filter: bool
-    overfetched: bool
-    collections: tuple[str, ...] = ()
-
-
-@runtime_checkable
-class RequestRewriter(Protocol):
     def rewrites_request(self, route: Route) -> bool:
-        """True when requests on ``route`` carry a query the gate may rewrite.
-
-        Only then is the request body worth reading.
-        """
+        """True when requests on ``route`` carry a query the gate may rewrite, or name
+        collections in their body: only then is the request body worth reading."""
         ...
 
     def rewrite_request(
@@ -193,10 +168,13 @@ class RequestRewriter(Protocol):
         """
         ...
 
+    def request_collections(self, body: bytes, route: Route) -> tuple[str, ...]:
+        """The collections a request body on ``route`` names beyond its path, read
+        without rewriting anything: ``rewrite_request(body, route, ...).collections``.
 
-@runtime_checkable
-class ChecksQueryString(Protocol):
-    """A rewriter whose database also reads search parameters from the URL."""
+        Raises MalformedRequest when a body it reads cannot be read.
+        """
+        ...
 
     def query_string_problem(self, route: Route, query_string: str) -> str | None:
         """Why the URL parameters defeat the tenant push-down (naming the parameter,
@@ -207,49 +185,84 @@ class ChecksQueryString(Protocol):
         """Why the URL parameters make over-fetch wrong for this request; None when they do not."""
         ...
 
-
-@runtime_checkable
-class NamesCollections(Protocol):
     def route_collections(self, route: Route) -> list[str] | None:
         """The collections (names, or patterns with ``*``) ``route``'s path names;
         None to fall back on ``/collections/{name}``."""
         ...
 
 
-def rewrites_requests(adapter: object) -> TypeGuard[RequestRewriter]:
-    """``isinstance(adapter, RequestRewriter)``, answered once per class (``_implements``)."""
-    return _implements(adapter, RequestRewriter)
+@dataclass(frozen=True, slots=True)
+class RequestRewrite:
+    """A search request as the gate forwards it, and what was changed.
+
+    ``limits`` has one entry per sub-request, in the order their sub-results
+    come back, when any of them was over-fetched: the number of results the
+    app asked for where the gate raised it, None where it did not. It is empty
+    when nothing was over-fetched. Pass it to ``ParsedBody.render`` as it is.
+    ``tenant_filter`` and ``overfetched`` say what was applied, for the audit
+    record. ``collections`` are the collections the body names beyond the
+    path (a lookup collection, a GraphQL class, a batch line's index), for
+    the request policy's ownership check.
+    """
+
+    body: bytes
+    limits: tuple[int | None, ...]
+    tenant_filter: bool
+    overfetched: bool
+    collections: tuple[str, ...] = ()
 
 
-def checks_query_string(adapter: object) -> TypeGuard[ChecksQueryString]:
-    """``isinstance(adapter, ChecksQueryString)``, answered once per class."""
-    return _implements(adapter, ChecksQueryString)
+class RequestCapabilities:
+    """The request side of a ``ResponseFormat`` as a format that reads no request answers it.
+
+    Every adapter and every request module derives from it, so each format
+    declares what it does with requests by overriding these, and the request
+    path asks any format the same questions without probing its type.
+    """
+
+    def rewrites_request(self, route: Route) -> bool:
+        """False: no request body is read."""
+        return False
+
+    def rewrite_request(
+        self,
+        body: bytes,
+        route: Route,
+        *,
+        tenant: str,
+        tenant_key: str | None,
+        overfetch_factor: float,
+        overfetch_cap: int,
+    ) -> RequestRewrite:
+        """``body`` unchanged: nothing applied, no collection named."""
+        return unchanged_request(body)
+
+    def request_collections(self, body: bytes, route: Route) -> tuple[str, ...]:
+        """None named: the body is not read."""
+        return ()
+
+    def query_string_problem(self, route: Route, query_string: str) -> str | None:
+        """None: the database reads no search parameter from the URL."""
+        return None
+
+    def overfetch_problem(self, route: Route, query_string: str) -> str | None:
+        """None: the database reads no search parameter from the URL."""
+        return None
+
+    def route_collections(self, route: Route) -> list[str] | None:
+        """None: the path names its collection as ``/collections/{name}``, if at all."""
+        return None
 
 
-def names_collections(adapter: object) -> TypeGuard[NamesCollections]:
-    """``isinstance(adapter, NamesCollections)``, answered once per class."""
-    return _implements(adapter, NamesCollections)
-
-
-def _implements(adapter: object, protocol: type) -> bool:
-    # A runtime protocol check walks every member each time, and the request path
-    # asks per request about adapters whose classes never change (they define
-    # these methods on the class, never per instance).
-    key = (type(adapter), protocol)
-    found = _IMPLEMENTS.get(key)
-    if found is None:
-        found = _IMPLEMENTS[key] = isinstance(adapter, protocol)
-    return found
-
-
-# (adapter class, protocol) -> implements; a handful of adapter classes in all.
-_IMPLEMENTS: dict[tuple[type, type], bool] = {}
+def unchanged_request(body: bytes, collections: tuple[str, ...] = ()) -> RequestRewrite:
+    """``body`` forwarded as it came, naming ``collections``."""
+    return RequestRewrite(body, (), tenant_filter=False, overfetched=False, collections=collections)
 
 
 ShapeT = TypeVar("ShapeT")
 
 
-class ResponseAdapter(ABC, Generic[ShapeT]):
+class ResponseAdapter(RequestCapabilities, ABC, Generic[ShapeT]):
     """A ResponseFormat: ``parse`` is shared, the database's shapes are the subclass's."""
 
     name: str  # short and stable: the ``format`` metric label

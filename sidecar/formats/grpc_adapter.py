@@ -118,22 +118,22 @@ class GrpcAdapter(ResponseAdapter[str]):
     service: str  # the service's full name: "qdrant.Points", "VectorService"
     kinds: Mapping[str, RouteKind]  # what each method of the service does
     replies: Mapping[str, str]  # the reply message's full name, per filtered method
-    # What a method of the service that ``kinds`` does not list does. CONTENT
-    # unless the adapter says otherwise: a newer server's method may return
-    # stored data.
-    unknown_method: RouteKind | None = RouteKind.CONTENT
 
     def route_kind(self, route: Route) -> RouteKind | None:
-        """What the method ``route`` calls does (``kinds``, or ``unknown_method``);
-        None for paths outside the service."""
+        """What the method ``route`` calls does (``kinds``); None for paths outside the service.
+
+        A method of the service that ``kinds`` does not list (a newer server's)
+        is CONTENT: it may return stored data, and an unknown route would be
+        answered by the request policy alone, with its response unread.
+        """
         called = grpc_method(route, self.service)
         if called is None:
             return None
-        return self.kinds.get(called, self.unknown_method)
+        return self.kinds.get(called, RouteKind.CONTENT)
 
     def route_collections(self, route: Route) -> list[str]:
-        """[]: a gRPC path names no collection (``base.NamesCollections``); the request
-        message does (``RequestRewrite.collections``)."""
+        """[]: a gRPC path names no collection; the request message does
+        (``request_collections``)."""
         return []
 
     def _shape(self, route: Route) -> str | None:

@@ -14,18 +14,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from sidecar.core.hits import Route, RouteKind, path_under
-from sidecar.formats.base import ResponseFormat, names_collections
-from sidecar.formats.chroma import ChromaFormat
-from sidecar.formats.elasticsearch import ElasticsearchFormat
-from sidecar.formats.generic import GenericFormat
-from sidecar.formats.milvus import MilvusFormat
-from sidecar.formats.milvus_grpc import MilvusGrpcFormat
-from sidecar.formats.pinecone import PineconeFormat
-from sidecar.formats.pinecone_grpc import PineconeGrpcFormat
-from sidecar.formats.qdrant import QdrantFormat
-from sidecar.formats.qdrant_grpc import QdrantGrpcFormat
-from sidecar.formats.weaviate import WeaviateFormat
-from sidecar.formats.weaviate_grpc import WeaviateGrpcFormat
+from sidecar.formats.base import ResponseFormat
+from sidecar.formats.chroma.rest import ChromaFormat
+from sidecar.formats.elasticsearch.rest import ElasticsearchFormat
+from sidecar.formats.generic.rest import GenericFormat
+from sidecar.formats.milvus.grpc import MilvusGrpcFormat
+from sidecar.formats.milvus.rest import MilvusFormat
+from sidecar.formats.pinecone.grpc import PineconeGrpcFormat
+from sidecar.formats.pinecone.rest import PineconeFormat
+from sidecar.formats.qdrant.grpc import QdrantGrpcFormat
+from sidecar.formats.qdrant.rest import QdrantFormat
+from sidecar.formats.weaviate.grpc import WeaviateGrpcFormat
+from sidecar.formats.weaviate.rest import WeaviateFormat
 
 # Detection order. The path spaces do not overlap on the databases' standard
 # routes; Elasticsearch's ``/{index}/_...`` routes are the loosest, so last.
@@ -155,9 +155,7 @@ class FormatTable:
         named = self._named.get(route)
         if named is None:
             found = self.classify(route)
-            names = None
-            if found is not None and names_collections(found[0]):
-                names = found[0].route_collections(route)
+            names = None if found is None else found[0].route_collections(route)
             named = tuple(path_collections(route) if names is None else names)
             if len(self._named) >= _ROUTES_KEPT:
                 self._named.clear()

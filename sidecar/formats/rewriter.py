@@ -28,13 +28,19 @@ from typing import Any, Generic, TypeVar
 import orjson
 
 from sidecar.core.hits import Route
-from sidecar.formats.base import MalformedRequest, RequestRewrite, has_duplicate_keys
+from sidecar.formats.base import (
+    MalformedRequest,
+    RequestCapabilities,
+    RequestRewrite,
+    has_duplicate_keys,
+    unchanged_request,
+)
 
 EndpointT = TypeVar("EndpointT")
 
 
-class SearchRewriter(ABC, Generic[EndpointT]):
-    """A RequestRewriter: the rewrite is shared, a database's request shapes are its own."""
+class SearchRewriter(RequestCapabilities, ABC, Generic[EndpointT]):
+    """A request rewriter: the rewrite is shared, a database's request shapes are its own."""
 
     def rewrites_request(self, route: Route) -> bool:
         """True when requests on ``route`` carry a query the gate may rewrite.
@@ -55,29 +61,27 @@ class SearchRewriter(ABC, Generic[EndpointT]):
     ) -> RequestRewrite:
         """Restrict a search request to ``tenant`` and raise its limits.
 
-        See ``RequestRewriter.rewrite_request``. Raises ValueError if
+        See ``ResponseFormat.rewrite_request``. Raises ValueError if
         ``overfetch_factor`` is not finite (a configuration error, not the
         client's).
         """
         endpoint = self._request_endpoint(route)
         if endpoint is None:
-            return _unchanged(body)
+            return unchanged_request(body)
         if not math.isfinite(overfetch_factor):
             raise ValueError("overfetch_factor is not a finite number")
         overfetch = overfetch_factor > 1 and self._overfetches(endpoint)
         names = self._names_collections(endpoint)
         if tenant_key is None and not overfetch and not names:
-            return _unchanged(body)
+            return unchanged_request(body)
         factor = Decimal(repr(overfetch_factor)) if overfetch else None
 
         document = _load(body)
         requests = self._sub_requests(document, endpoint)
         # Read before the rewrite: what the app named, not what the gate adds.
-        collections = tuple(
-            dict.fromkeys(name for request in requests for name in self._collections(request))
-        )
+        collections = self._named(requests) if names else ()
         if tenant_key is None and not overfetch:
-            return RequestRewrite(body, (), False, False, collections)
+            return unchanged_request(body, collections)
         limits: list[int | None] = []
         for request in requests:
             if tenant_key is not None:
@@ -95,6 +99,20 @@ class SearchRewriter(ABC, Generic[EndpointT]):
             tenant_filter=tenant_key is not None,
             overfetched=overfetched,
             collections=collections,
+        )
+
+    def request_collections(self, body: bytes, route: Route) -> tuple[str, ...]:
+        """The collections the body names beyond the path, as ``rewrite_request`` reads
+        them; the body is read only where the endpoint's requests can name one."""
+        endpoint = self._request_endpoint(route)
+        if endpoint is None or not self._names_collections(endpoint):
+            return ()
+        return self._named(self._sub_requests(_load(body), endpoint))
+
+    def _named(self, requests: list[dict[str, Any]]) -> tuple[str, ...]:
+        """The collections ``requests`` name, each once, in the order they name them."""
+        return tuple(
+            dict.fromkeys(name for request in requests for name in self._collections(request))
         )
 
     @abstractmethod
@@ -146,10 +164,6 @@ class SearchRewriter(ABC, Generic[EndpointT]):
             return None
         request[field] = raised
         return asked
-
-
-def _unchanged(body: bytes) -> RequestRewrite:
-    return RequestRewrite(body, (), tenant_filter=False, overfetched=False)
 
 
 def load_request(body: bytes, what: str = "request body") -> Any:

@@ -1,0 +1,121 @@
+"""Milvus gRPC responses: ``Search``, ``HybridSearch`` and ``Query`` of ``MilvusService``.
+
+pymilvus speaks only gRPC: ``search`` calls ``/milvus.proto.milvus.MilvusService/
+Search``, ``hybrid_search`` ``HybridSearch``, ``query`` and ``get`` ``Query``.
+The replies hold rows column by column: ``grpc_replies`` reads and
+rebuilds them, ``grpc_fields`` their rows' fields, and
+``grpc_columns`` one column.
+
+The chunk id is the primary key (``ids`` of a search, the column
+``primary_field_name`` names in a query) as a decimal string for int64 keys,
+or the field ``id_field`` when set; the text is the field ``text_field``. A
+field is a column of that name, or else a key of the dynamic field's object.
+
+Replies are rebuilt from known fields only. Rows that go out keep, in every
+column that goes out, the same places, so every column stays aligned with
+``ids``, ``scores`` and the rest; ``topks`` are recounted per query vector, and
+each query vector keeps at most the app's limit when the request was
+over-fetched (``top_k`` says that limit). The columns that go out are the id
+and text fields (the primary key column when it is the id) and the declared
+``hashed_fields`` and ``releasable_fields`` (a dotted path into a JSON field,
+or into the dynamic field, releases only what it names); group-by values and
+highlights go out for fields released whole. Everything else is dropped: other
+columns, ``recalls`` and ``all_search_count`` (they describe the unfiltered
+search), the status' ``extra_info`` (its cost and scanned bytes too), and any
+field the gate's proto does not declare. ``output_fields`` lists what went
+out. An iterator's ``last_bound`` becomes the score of the last row that goes
+out when rows were removed and some went out (the next page starts there,
+re-reading rejected rows rather than revealing their scores). A reply with search aggregation
+buckets (``agg_buckets``) is refused: the buckets summarise every hit. So is
+one whose columns, ids, scores and per-row lists do not hold one value per
+row, or with two columns of one field (a client could read either).
+
+A substitute takes the row's text and id where they are kept (the primary key
+in ``ids`` and its column, or the ``id_field`` column) and its highlights go
+empty; its declared fields are made null where the column can hold a null
+(or removed from a JSON object), and are kept where it cannot. A substitute
+is not marked: a row has no free-form object of its own to carry the marker.
+
+Milvus reports errors inside an OK gRPC reply (``status.code`` or
+``status.error_code`` not 0): such a reply goes out with Milvus' codes and
+``retriable`` flag (clients tell a retry from a bad request by them) but the
+gate's own ``reason`` (Milvus' can quote the request's expression and
+values) and nothing else; an error status in a reply with rows is refused. A
+reply from which nothing was removed, with no field the gate does not know,
+goes out byte for byte.
+
+Every method of ``MilvusService`` is classified (``grpc_methods``); a
+method the gate does not know is CONTENT, and paths outside the service are
+not claimed. Requests are rewritten by ``grpc_request``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from sidecar.formats import grpc_messages
+from sidecar.formats.base import id_field_option, text_field_option
+from sidecar.formats.grpc_adapter import GrpcAdapter
+from sidecar.formats.hits import Field, HitLayout, Hits, ReleasedFields
+from sidecar.formats.milvus.grpc_fields import ReleaseOptions
+from sidecar.formats.milvus.grpc_methods import KINDS
+from sidecar.formats.milvus.grpc_replies import (
+    QUERY_RESULTS,
+    SEARCH_RESULTS,
+    ColumnarReply,
+    read_query,
+    read_search,
+)
+from sidecar.formats.milvus.grpc_request import (
+    HYBRID_SEARCH,
+    QUERY,
+    SEARCH,
+    SERVICE,
+    MilvusGrpcRequests,
+)
+
+_REPLIES: Final = {SEARCH: SEARCH_RESULTS, HYBRID_SEARCH: SEARCH_RESULTS, QUERY: QUERY_RESULTS}
+
+
+class MilvusGrpcFormat(GrpcAdapter, MilvusGrpcRequests):
+    """Adapter for Milvus' gRPC API (``MilvusService``): filters ``Search``,
+    ``HybridSearch`` and ``Query`` replies, rewrites their requests."""
+
+    name = "milvus_grpc"
+    service = SERVICE
+    kinds = KINDS
+    replies = _REPLIES
+
+    def __init__(
+        self,
+        *,
+        text_field: str = "text",
+        id_field: str | None = None,
+        hashed_fields: list[str] | None = None,
+        releasable_fields: list[str] | None = None,
+    ) -> None:
+        """``id_field`` None: the chunk id is the primary key. ``hashed_fields`` and
+        ``releasable_fields`` name the fields (dotted paths into JSON fields and the
+        dynamic field) that go out beside the text and id: checked against the chunk
+        record's ``payload_sha256``, or unverified. Every other field is dropped."""
+        self.text_field = text_field_option(text_field)
+        self.id_field = id_field_option(id_field, self.text_field)
+        fields = ReleasedFields.from_options(hashed_fields, releasable_fields)
+        self._options = ReleaseOptions(self.text_field, self.id_field, fields)
+        # Candidates are read column by column; the layout is for the shared
+        # Hits collector (hashed fields) and says what a problem calls a row.
+        self._layout = HitLayout(
+            "row",
+            Field((self.id_field or "id",), "primary key"),
+            Field((self.text_field,), f"field {self.text_field!r}"),
+            None,
+            fields=fields,
+        )
+
+    def _read(self, document: tuple[bytes, Any], shape: str) -> ColumnarReply:
+        body, reply = document
+        hits = Hits(self._layout)
+        read = read_query if shape == QUERY else read_search
+        rebuild = read(reply, hits, self._options)
+        unknown = grpc_messages.has_unknown_fields(reply)
+        return ColumnarReply(hits, body, reply, unknown, rebuild, sub_results=1)

@@ -1,0 +1,265 @@
+"""Milvus RESTful API v2 responses: search, hybrid search, query and get.
+
+Every v2 endpoint is a POST under ``/v2/vectordb/`` and answers HTTP 200 with
+an envelope ``{"code": 0, "data": [...], "cost": ...}``. The four filtered
+endpoints return ``data`` as a flat list of rows, one per hit: the primary
+key, the requested output fields and, for searches, ``distance``. A search
+with several query vectors concatenates their hits and says in ``topks`` how
+many rows belong to each query.
+
+The body that goes out is rebuilt from what the gate knows, nothing else:
+
+- ``code`` as it came (0, or 200 of the 2.3 reference);
+- ``data``: the kept rows, each with only the chunk id and text fields,
+  ``distance``/``score``, and the declared ``hashed_fields`` and
+  ``releasable_fields`` (a row is its own free-form object: output fields
+  and dynamic fields sit side by side); at most the over-fetched request's
+  ``limit`` rows per query vector;
+- ``topks`` recounted per query vector (null stays null);
+- ``cost`` set to 0 where present: it measures work over every tenant's
+  rows, and 0 is what Milvus itself reports when it does not measure.
+
+``recalls``, the storage counters (``scannedRemoteBytes`` ...) and anything
+else are dropped: they describe the unfiltered search. A failure (a
+non-zero ``code`` with no rows, answered with HTTP 200) is rendered as
+``{"code": <code>, "message": "retrieval_gate: the database answered an
+error"}``: the code is Milvus' error class (``merr``), which clients use to
+tell a retry from a bad request; the message can quote the request's
+expression, field names and values, so it never reaches the client.
+
+The chunk id and text are the row fields ``id_field`` (default ``"id"``, the
+primary key of quick-setup collections) and ``text_field``. A substitute's
+marker sits next to its fields; its id is a number where the key it
+replaces is one (Int64 primary keys).
+
+Shapes follow the Milvus RESTful v2 reference (milvus.io/api-reference/restful)
+and the proxy's REST handler (milvus-io/milvus,
+internal/distributed/proxy/httpserver/handler_v2.go). Requests are
+rewritten by ``rest_request``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sidecar.core.hits import Route, RouteKind
+from sidecar.formats.base import MalformedBody, ResponseAdapter, id_field_option, text_field_option
+from sidecar.formats.body import HitBody, Selection
+from sidecar.formats.hits import Field, HitLayout, Hits, ReleasedFields
+from sidecar.formats.milvus.rest_request import MilvusRequests
+
+# The primary key field of Milvus' quick-setup collections.
+_DEFAULT_ID_FIELD: Final = "id"
+# A row's own keys beside its fields: the search's distance (a score in
+# some versions). The id and text fields go out as the layout's own.
+_ROW_KEYS: Final = frozenset({"distance", "score"})
+ERROR_MESSAGE: Final = "retrieval_gate: the database answered an error"
+
+# v2 reports success as 0; the 2.3 reference documents 200.
+_SUCCESS: Final = frozenset({0, 200})
+_FILTERED: Final = frozenset({"search", "hybrid_search", "advanced_search", "query", "get"})
+_ENTITY_WRITES: Final = frozenset({"insert", "upsert", "delete"})
+# Actions that only report on metadata, jobs or the cluster, in any v2 group.
+_READS: Final = frozenset(
+    {
+        "list",
+        "has",
+        "describe",
+        "get_load_state",
+        "get_progress",
+        "get_compaction_state",
+        "run_analyzer",  # tokenises the request's own text
+    }
+)
+_V1_CONTENT: Final = frozenset({"search", "query", "get"})
+_V1_READS: Final = frozenset(
+    {
+        ("collections",),
+        ("collections", "describe"),
+        ("bulkinsert", "describe"),
+        ("bulkinsert", "list"),
+    }
+)
+_INTEGER: Final = re.compile(r"-?[0-9]+")
+
+
+def _segments(route: Route) -> list[str]:
+    # Lower case: a case variant of a route must not be claimed less strictly
+    # than the route itself, whatever the router does with it.
+    return route.path.removesuffix("/").lower().split("/")
+
+
+def _typed_like(old: Any, chunk_id: str) -> Any:
+    """``chunk_id`` as a number when the value it replaces is one (Int64 keys)."""
+    if isinstance(old, int) and not isinstance(old, bool) and _INTEGER.fullmatch(chunk_id):
+        return int(chunk_id)
+    return chunk_id
+
+
+@dataclass(eq=False)
+class _Rows(HitBody):
+    """A response with rows: ``groups`` rows per query vector, in order.
+
+    ``topks`` is how the body said so: a list (recounted), None for a null
+    (kept null), or absent. Each group keeps at most the request's limit.
+    """
+
+    code: int
+    rows: list[Any]
+    groups: tuple[int, ...]
+    topks: str  # "list", "null" or "absent"
+    cost: bool  # the body had a cost
+
+    def _rebuild(self, selection: Selection) -> dict[str, Any]:
+        limit = selection.limits[0]
+        sent: list[Any] = []
+        counts: list[int] = []
+        start = 0
+        for size in self.groups:
+            kept = selection.kept(range(start, start + size))[:limit]
+            sent.extend(selection.send(position, self.rows[position]) for position in kept)
+            counts.append(len(kept))
+            start += size
+        # Keys in Milvus' order (Go maps are written sorted).
+        document: dict[str, Any] = {"code": self.code}
+        if self.cost:
+            document["cost"] = 0
+        document["data"] = sent
+        if self.topks != "absent":
+            document["topks"] = counts if self.topks == "list" else None
+        return document
+
+
+@dataclass(eq=False)
+class _Error(HitBody):
+    """An error answer: no rows; the gate's message in place of Milvus'."""
+
+    code: int
+
+    def _rebuild(self, selection: Selection) -> dict[str, Any]:
+        return {"code": self.code, "message": ERROR_MESSAGE}
+
+
+def _topks(value: Any, rows: int) -> tuple[int, ...]:
+    """``topks`` checked against the number of rows it divides."""
+    if not isinstance(value, list) or not all(
+        isinstance(topk, int) and not isinstance(topk, bool) and topk >= 0 for topk in value
+    ):
+        raise MalformedBody("'topks' is not a list of counts")
+    if sum(value) != rows:
+        raise MalformedBody("'topks' does not add up to the rows in 'data'")
+    return tuple(value)
+
+
+class MilvusFormat(ResponseAdapter[str], MilvusRequests):
+    """Adapter for the Milvus RESTful API v2: filters responses, rewrites search requests.
+
+    ``id_field`` defaults to ``"id"``: name the collection's primary key
+    field, or any output field holding chunk ids. Requests must list both
+    fields in ``outputFields`` (queries and gets return all fields by default).
+    """
+
+    name = "milvus"
+
+    def __init__(
+        self,
+        *,
+        text_field: str = "text",
+        id_field: str | None = None,
+        hashed_fields: list[str] | None = None,
+        releasable_fields: list[str] | None = None,
+    ) -> None:
+        """``hashed_fields`` and ``releasable_fields`` name the row fields (dotted paths
+        into JSON fields) that go out beside the text and id: checked against the chunk
+        record's ``payload_sha256``, or unverified. Every other field is dropped; the
+        primary key too when it is not ``id_field`` (list it as releasable)."""
+        self.text_field = text_field_option(text_field)
+        self.id_field = id_field_option(id_field) or _DEFAULT_ID_FIELD
+        if self.id_field == self.text_field:
+            raise ValueError("id_field must differ from text_field")
+        self._layout = HitLayout(
+            "row",
+            Field((self.id_field,), f"field {self.id_field!r}"),
+            Field((self.text_field,), f"field {self.text_field!r}"),
+            (),
+            _typed_like,
+            _ROW_KEYS,
+            ReleasedFields.from_options(hashed_fields, releasable_fields),
+        )
+
+    def route_kind(self, route: Route) -> RouteKind | None:
+        """What ``route`` does in Milvus' REST APIs; None for other paths.
+
+        FILTERED: POST ``/v2/vectordb/entities/`` search, hybrid_search
+        (advanced_search, its old name), query and get. CONTENT: those paths
+        with other methods, unknown ``entities`` actions, anything about
+        snapshots (they export collections), ``get_stats`` (row counts of
+        every tenant), and v1 search, query and get.
+        READ: list, has, describe and the other status actions of any v2 group;
+        the v1 collection and bulk-insert listings. WRITE: everything else
+        under ``/v2/vectordb/`` and ``/v1/vector/``.
+        """
+        match _segments(route):
+            case ["", "v2", "vectordb", "entities", action] if action in _FILTERED:
+                return RouteKind.FILTERED if route.method.upper() == "POST" else RouteKind.CONTENT
+            case ["", "v2", "vectordb", "entities", action] if action in _ENTITY_WRITES:
+                return RouteKind.WRITE
+            case ["", "v2", "vectordb", "entities", *_]:
+                return RouteKind.CONTENT
+            case ["", "v2", "vectordb", *rest] if {"snapshot", "snapshots"} & set(rest):
+                return RouteKind.CONTENT
+            case ["", "v2", "vectordb", _, "get_stats"]:
+                return RouteKind.CONTENT  # row counts of every tenant
+            case ["", "v2", "vectordb", _, *_, action]:
+                return RouteKind.READ if action in _READS else RouteKind.WRITE
+            case ["", "v1", "vector", action] if action in _V1_CONTENT:
+                return RouteKind.CONTENT
+            case ["", "v1", "vector", *rest] if rest:
+                return RouteKind.READ if tuple(rest) in _V1_READS else RouteKind.WRITE
+        return None
+
+    def _shape(self, route: Route) -> str | None:
+        """The action of a FILTERED route (search, query ...); None for others."""
+        if self.route_kind(route) is not RouteKind.FILTERED:
+            return None
+        return _segments(route)[-1]
+
+    def _read(self, document: dict[str, Any], shape: str) -> HitBody:
+        """An error answer (non-zero ``code``, no rows) parses to a body without
+        candidates that renders as the gate's error."""
+        code = document.get("code")
+        if isinstance(code, bool) or not isinstance(code, int):
+            raise MalformedBody("no integer 'code' in body")
+        rows = document.get("data")
+        hits = Hits(self._layout)
+        if code != 0 and rows in (None, [], {}):
+            return _Error(hits, code, sub_results=1)
+        if code not in _SUCCESS:
+            raise MalformedBody("an error code in a body with rows")
+        if "aggTopks" in document:
+            # Search aggregation nests hits in buckets: a shape not read here.
+            raise MalformedBody("search aggregation results are not supported")
+        if not isinstance(rows, list):
+            raise MalformedBody("'data' is not a list of rows")
+        topks = document.get("topks", _ABSENT)
+        if topks is _ABSENT or topks is None:
+            # A null topks (Go's nil slice) says nothing to keep consistent:
+            # the rows are one group.
+            groups: tuple[int, ...] = (len(rows),)
+        else:
+            groups = _topks(topks, len(rows))
+        hits.add_list(rows, "'data' is not a list of rows")
+        return _Rows(
+            hits,
+            code,
+            rows,
+            groups,
+            "absent" if topks is _ABSENT else "null" if topks is None else "list",
+            "cost" in document,
+            sub_results=1,
+        )
+
+
+_ABSENT: Final = object()

@@ -1,0 +1,1 @@
+"""Qdrant: the REST adapter and its request rewriter, the gRPC (``qdrant.Points``) twins."""

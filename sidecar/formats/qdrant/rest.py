@@ -1,0 +1,400 @@
+"""Qdrant REST responses: search, query, recommend, discover, groups, scroll, retrieve.
+
+Every successful Qdrant response is an envelope ``{"result": ..., "status": "ok",
+"time": ...}`` (sometimes with ``usage``). Where the hits sit inside ``result``
+depends on the endpoint, so the route picks a *shape*: a function that checks
+``result``, registers its hits as candidates and returns a renderer that
+rebuilds ``result`` for a selection of kept positions and, per sub-result, the
+number of hits (or groups) to keep at most.
+
+The chunk id is the point id (``str(id)``), or the payload field ``id_field``
+when set; the chunk text is the payload field ``text_field``. A substitute's
+point id is an integer when it is written in ASCII digits (Qdrant point ids
+are unsigned integers or UUID strings), and its payload gets the marker.
+
+Bodies are rebuilt from the keys Qdrant's OpenAPI spec gives each response
+(``status`` and ``time`` of the envelope, ``points``, ``groups`` and their
+``id``/``hits``/``lookup``, a point's own keys); anything else, ``usage``
+included, is dropped. What describes points the gate did not release is
+recomputed:
+
+- scroll's ``next_page_offset`` is the id right after the last released
+  point (Qdrant orders points by id: integers, then UUIDs as 128-bit
+  numbers), so the next page starts there and re-reads the rejected points
+  after it rather than revealing the id of the next unchecked one. A page in
+  which nothing was released ends the scroll (``null``): any cursor would
+  name a rejected or unchecked point.
+- a rejected point fetched by id (``GET /collections/{c}/points/{id}``) is
+  answered with Qdrant's own 404 for a missing point (``AbsentAnswer``).
+- collection info (``GET /collections/{c}``) goes out without
+  ``points_count``, ``indexed_vectors_count`` and the per-field point counts
+  of ``payload_schema`` (set to 0): they count every tenant's points.
+
+Search requests are rewritten by ``rest_request``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from sidecar.core.hits import Route, RouteKind
+from sidecar.formats.base import (
+    AbsentAnswer,
+    MalformedBody,
+    ResponseAdapter,
+    id_field_option,
+    text_field_option,
+)
+from sidecar.formats.body import HitBody, Selection
+from sidecar.formats.hits import Field, HitLayout, Hits, ReleasedFields, as_given
+from sidecar.formats.qdrant.rest_request import QdrantRequests, points_path, post_endpoint
+
+# Builds the filtered value of one sub-result for a selection and the most
+# hits (groups, for groups) to keep; None means "leave the value out of its
+# parent".
+_Renderer = Callable[[Selection, int | None], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Result:
+    """A parsed ``result``: how many sub-results it has, and how to render it
+    for a selection (which carries one limit per sub-result)."""
+
+    sub_results: int
+    render: Callable[[Selection], Any]
+
+
+# Shapes of one sub-result. Each validates its value, registers hits in
+# document order and returns the renderer for that value.
+_SubShape = Callable[[Any, Hits], _Renderer]
+# Shapes of a whole ``result``.
+_Shape = Callable[[Any, Hits], _Result]
+
+
+def _point_list(value: Any, hits: Hits) -> _Renderer:
+    """``[point, ...]``: search, recommend, discover, retrieve."""
+    start = hits.add_list(value, "expected a list of points").start
+    return lambda selection, limit: selection.sent(value, start, limit)
+
+
+def _query_points(value: Any, hits: Hits) -> _Renderer:
+    """``{"points": [point, ...]}``: query."""
+    if not isinstance(value, dict):
+        raise MalformedBody("expected an object with 'points'")
+    render_points = _point_list(value.get("points"), hits)
+    return lambda selection, limit: {"points": render_points(selection, limit)}
+
+
+def _scroll_points(value: Any, hits: Hits) -> _Renderer:
+    """``{"points": [point, ...], "next_page_offset": id | null}``: scroll."""
+    if not isinstance(value, dict):
+        raise MalformedBody("expected an object with 'points'")
+    points = value.get("points")
+    if not isinstance(points, list):
+        raise MalformedBody("expected a list of points")
+    start = hits.add_list(points, "expected a list of points").start
+    more = value.get("next_page_offset") is not None
+
+    def render(selection: Selection, limit: int | None) -> dict[str, Any]:
+        kept = selection.kept(range(start, start + len(points)))[:limit]
+        next_offset = next_offset_after(points[kept[-1] - start]) if kept and more else None
+        return {
+            "points": [selection.send(position, points[position - start]) for position in kept],
+            "next_page_offset": next_offset,
+        }
+
+    return render
+
+
+def next_offset_after(point: Any) -> int | str | None:
+    """The smallest point id after ``point``'s in Qdrant's order; None past the last one.
+
+    Integer ids come first (unsigned 64-bit), then UUIDs ordered as 128-bit
+    numbers.
+    """
+    point_id = point.get("id") if isinstance(point, dict) else None
+    if type(point_id) is int:
+        return point_id + 1 if point_id < 2**64 - 1 else str(uuid.UUID(int=0))
+    if isinstance(point_id, str):
+        try:
+            number = uuid.UUID(point_id).int
+        except ValueError:
+            raise MalformedBody("a point id is neither an integer nor a UUID") from None
+        return str(uuid.UUID(int=number + 1)) if number < 2**128 - 1 else None
+    raise MalformedBody("a scrolled point has no usable id")
+
+
+def _single(shape: _SubShape) -> _Shape:
+    """A ``result`` that is one sub-result."""
+
+    def parse(value: Any, hits: Hits) -> _Result:
+        render = shape(value, hits)
+        return _Result(1, lambda selection: render(selection, selection.limits[0]))
+
+    return parse
+
+
+def _batch(shape: _SubShape) -> _Shape:
+    """``[sub-result, ...]``: the */batch endpoints."""
+
+    def parse(value: Any, hits: Hits) -> _Result:
+        if not isinstance(value, list):
+            raise MalformedBody("expected a list of batch results")
+        renderers = [shape(item, hits) for item in value]
+        return _Result(
+            len(renderers),
+            lambda selection: [
+                render(selection, limit)
+                for render, limit in zip(renderers, selection.limits, strict=True)
+            ],
+        )
+
+    return parse
+
+
+def _groups(value: Any, hits: Hits) -> _Renderer:
+    """``{"groups": [{"id", "hits", "lookup"?}, ...]}``: the */groups endpoints."""
+    if not isinstance(value, dict) or not isinstance(value.get("groups"), list):
+        raise MalformedBody("expected an object with a list of 'groups'")
+    renderers = [_group(group, hits) for group in value["groups"]]
+
+    def render(selection: Selection, limit: int | None) -> dict[str, Any]:
+        # The limit counts groups returned, so emptied groups do not count.
+        groups: list[dict[str, Any]] = []
+        for render_group in renderers:
+            if limit is not None and len(groups) >= limit:
+                break
+            if (group := render_group(selection)) is not None:
+                groups.append(group)
+        return {"groups": groups}
+
+    return render
+
+
+def _group(value: Any, hits: Hits) -> Callable[[Selection], dict[str, Any] | None]:
+    if not isinstance(value, dict):
+        raise MalformedBody("a group is not a JSON object")
+    render_hits = _point_list(value.get("hits"), hits)
+    # Qdrant writes hits before lookup, so the lookup record numbers after them.
+    lookup = value.get("lookup")
+    lookup_position = None if lookup is None else hits.add(lookup)
+
+    def render(selection: Selection) -> dict[str, Any] | None:
+        # The request's limit counts groups; group_size is never raised, so
+        # the hits of a group are not trimmed.
+        kept_hits = render_hits(selection, None)
+        if not kept_hits:
+            # The group id is the group_by payload value of its hits: it goes with them.
+            return None
+        group = {"id": value.get("id"), "hits": kept_hits}
+        # Qdrant omits "lookup" when the looked-up point does not exist, so a
+        # rejected lookup looks exactly like a missing one (PointGroup.lookup
+        # is optional in the OpenAPI spec and in qdrant-client's model).
+        if lookup_position is not None and lookup_position in selection:
+            group["lookup"] = selection.send(lookup_position, lookup)
+        return group
+
+    return render
+
+
+def _single_point(point_id: str) -> _Shape:
+    """``point``: GET /collections/{c}/points/{id}, for the id the path names."""
+
+    def parse(value: Any, hits: Hits) -> _Result:
+        position = hits.add(value)
+
+        def render(selection: Selection) -> Any:
+            if position not in selection:
+                raise AbsentAnswer(404, _not_found(point_id))
+            return selection.send(position, value)
+
+        return _Result(1, render)
+
+    return parse
+
+
+def _not_found(point_id: str) -> bytes:
+    """Qdrant's answer for a point that does not exist (its ``NotFound`` error).
+
+    Qdrant prints the id it parsed: an integer without leading zeros, a UUID
+    in lowercase hyphenated form.
+    """
+    shown = point_id
+    if point_id.isascii() and point_id.isdigit():
+        shown = str(int(point_id))
+    else:
+        # Not an id at all: Qdrant refuses the request itself, and its 4xx is kept.
+        with contextlib.suppress(ValueError):
+            shown = str(uuid.UUID(point_id))
+    message = f"Not found: No point with id {shown} found"
+    return orjson.dumps({"status": {"error": message}, "time": 0.0})
+
+
+# Collection info keys that describe the collection, not how many points it has.
+_COLLECTION_KEYS: Final = ("status", "optimizer_status", "segments_count", "config")
+
+
+def _collection_info(value: Any, hits: Hits) -> _Result:
+    """``CollectionInfo``: GET /collections/{c}, without what counts the points."""
+    if not isinstance(value, dict):
+        raise MalformedBody("expected a collection info object")
+    schema = value.get("payload_schema", {})
+    if not isinstance(schema, dict):
+        raise MalformedBody("payload_schema is not an object")
+
+    def render(selection: Selection) -> dict[str, Any]:
+        info = {key: value[key] for key in _COLLECTION_KEYS if key in value}
+        # Each field's index info says how many points carry the field; the
+        # spec requires the number, so it is 0 rather than absent.
+        info["payload_schema"] = {
+            name: {**index, "points": 0} if isinstance(index, dict) else index
+            for name, index in schema.items()
+        }
+        return info
+
+    return _Result(1, render)
+
+
+_POST_SHAPES: Final[Mapping[str, _Shape]] = {
+    "": _single(_point_list),  # retrieve points by id
+    "search": _single(_point_list),
+    "search/batch": _batch(_point_list),
+    "search/groups": _single(_groups),
+    "query": _single(_query_points),
+    "query/batch": _batch(_query_points),
+    "query/groups": _single(_groups),
+    "recommend": _single(_point_list),
+    "recommend/batch": _batch(_point_list),
+    "recommend/groups": _single(_groups),
+    "discover": _single(_point_list),
+    "discover/batch": _batch(_point_list),
+    "scroll": _single(_scroll_points),
+}
+# POSTs under /collections/{c}/points that change points (the rest read).
+_WRITES: Final = frozenset(
+    {"delete", "payload", "payload/delete", "payload/clear", "vectors", "vectors/delete", "batch"}
+)
+
+
+# The keys of a point (ScoredPoint, Record) that are Qdrant's own: the payload
+# is filtered by the layout's fields, everything else Qdrant adds later is dropped.
+_POINT_KEYS: Final = frozenset(
+    {"id", "version", "score", "payload", "vector", "shard_key", "order_value"}
+)
+
+
+def _point_id(old: Any, chunk_id: str) -> Any:
+    """A substitute's point id: Qdrant point ids are unsigned integers or UUID strings."""
+    return int(chunk_id) if chunk_id.isascii() and chunk_id.isdigit() else chunk_id
+
+
+@dataclass(eq=False)
+class _QdrantBody(HitBody):
+    envelope: dict[str, Any]
+    result: _Result
+
+    def _rebuild(self, selection: Selection) -> dict[str, Any]:
+        envelope: dict[str, Any] = {
+            key: self.envelope[key] for key in ("status", "time") if key in self.envelope
+        }
+        envelope["result"] = self.result.render(selection)
+        return envelope
+
+
+class QdrantFormat(ResponseAdapter[_Shape], QdrantRequests):
+    """Adapter for Qdrant's REST API: filters responses, rewrites search requests."""
+
+    name = "qdrant"
+
+    def __init__(
+        self,
+        text_field: str = "text",
+        id_field: str | None = None,
+        hashed_fields: list[str] | None = None,
+        releasable_fields: list[str] | None = None,
+    ) -> None:
+        """``hashed_fields`` and ``releasable_fields`` name the payload fields (dotted
+        paths) that go out beside the text and id: checked against the chunk record's
+        ``payload_sha256``, or unverified. Every other payload field is dropped."""
+        self.text_field = text_field_option(text_field)
+        self.id_field = id_field_option(id_field)
+        text = Field((self.text_field,), f"payload field {self.text_field!r}", within="payload")
+        if self.id_field is None:
+            chunk_id = Field(("id",), "point id")
+        else:
+            chunk_id = Field((self.id_field,), f"payload field {self.id_field!r}", "payload")
+        self._layout = HitLayout(
+            "point",
+            chunk_id,
+            text,
+            ("payload",),
+            as_given if self.id_field else _point_id,
+            _POINT_KEYS,
+            ReleasedFields.from_options(hashed_fields, releasable_fields),
+        )
+
+    @property
+    def hit_layout(self) -> HitLayout:
+        """How a point is read and released; the gRPC adapter reads its points so too."""
+        return self._layout
+
+    def route_kind(self, route: Route) -> RouteKind | None:
+        """FILTERED for the point-reading endpoints of ``/collections/{c}/points``
+        and collection info (rendered without point counts).
+
+        READ: only ``GET``/``HEAD`` of ``/collections/{c}/exists``. Every
+        other GET below a collection is CONTENT: snapshots (a whole
+        collection, past every per-chunk check), alias listings (names of
+        other tenants' collections), cluster info (points per shard) and what
+        Qdrant adds later. POSTs that read without being filtered (count,
+        facet) are CONTENT; anything else under ``/collections`` writes.
+        Paths outside ``/collections`` are not claimed.
+        """
+        if self._shape(route) is not None:
+            return RouteKind.FILTERED
+        segments = route.path.removesuffix("/").split("/")
+        if "snapshots" in segments or segments[-1:] == ["aliases"]:
+            return RouteKind.CONTENT
+        if len(segments) == 3 and segments[1] == "collections" and segments[2].startswith("_"):
+            # Collection info the gate cannot tell from an Elasticsearch API.
+            return RouteKind.CONTENT
+        if len(segments) < 3 or segments[1] != "collections":
+            return None
+        if route.method.upper() in ("GET", "HEAD"):
+            return RouteKind.READ if segments[3:] == ["exists"] else RouteKind.CONTENT
+        if route.method.upper() == "POST" and post_endpoint(route) not in _WRITES:
+            # count (a match oracle), facet (payload values across every point),
+            # search/matrix: reads the gate does not filter.
+            return RouteKind.CONTENT
+        return RouteKind.WRITE
+
+    def _shape(self, route: Route) -> _Shape | None:
+        method = route.method.upper()
+        rest = points_path(route)
+        if rest is None:
+            match route.path.removesuffix("/").split("/"):
+                # A name in "_" is an Elasticsearch API on an index called
+                # "collections" as well (route_kind makes it content).
+                case ["", "collections", name] if (
+                    name and name != "aliases" and not name.startswith("_") and method == "GET"
+                ):
+                    return _collection_info
+            return None
+        if method == "POST":
+            return _POST_SHAPES.get("/".join(rest))
+        if method == "GET" and len(rest) == 1:
+            return _single_point(rest[0])
+        return None
+
+    def _read(self, document: dict[str, Any], shape: _Shape) -> _QdrantBody:
+        if "result" not in document:
+            raise MalformedBody("no 'result' in body")
+        hits = Hits(self._layout)
+        result = shape(document["result"], hits)
+        return _QdrantBody(hits, document, result, sub_results=result.sub_results)

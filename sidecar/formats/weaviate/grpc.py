@@ -1,0 +1,129 @@
+"""Weaviate's gRPC API (``weaviate.v1.Weaviate``): the format, its routes and its options.
+
+The v4 client runs every ``collection.query.*`` and ``generate.*`` call as
+``/weaviate.v1.Weaviate/Search``; its reply is one ``SearchReply``, read with
+the gate's own copy of Weaviate's messages (``proto/vendor/weaviate``). The
+work is split by concern:
+
+- ``grpc_hits``: which objects of a reply are hits (results, group
+  objects and the objects their references return), their positions, chunk
+  ids and texts;
+- ``grpc_reply``: the reply rebuilt for a selection (what of
+  objects, groups, generated text and the iteration cursor may go out);
+- ``grpc_values``: property values (read, hashed, projected,
+  substituted);
+- ``grpc_request``: Search requests (tenant push-down, over-fetch,
+  the collections named).
+
+This module classifies every method of the service and checks the options,
+which mean what they mean for the GraphQL adapter (``weaviate``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from sidecar.core.hits import Route, RouteKind
+from sidecar.formats import grpc_messages
+from sidecar.formats.base import id_field_option, text_field_option
+from sidecar.formats.grpc_adapter import GrpcAdapter, grpc_method
+from sidecar.formats.hits import ReleasedFields
+from sidecar.formats.weaviate.grpc_hits import Options, Reader, ResultGroup
+from sidecar.formats.weaviate.grpc_reply import WeaviateGrpcBody
+from sidecar.formats.weaviate.grpc_request import SERVICE, WeaviateGrpcRequests
+from sidecar.formats.weaviate.rest import GENERATIVE_MODES
+
+SEARCH_REPLY: Final = "weaviate.v1.SearchReply"
+_REPLIES: Final[Mapping[str, str]] = {"Search": SEARCH_REPLY}
+
+# Every method of weaviate.v1.Weaviate. Aggregate computes over objects the
+# gate never checks; TenantsGet lists who else uses a multi-tenant collection
+# (as the REST adapter classifies GET /v1/schema/{c}/tenants). BatchSend and
+# BatchStream are the batch writes of servers after 1.32.
+_KINDS: Final[Mapping[str, RouteKind]] = {
+    "Search": RouteKind.FILTERED,
+    "Aggregate": RouteKind.CONTENT,
+    "TenantsGet": RouteKind.CONTENT,
+    "BatchObjects": RouteKind.WRITE,
+    "BatchDelete": RouteKind.WRITE,
+    "BatchSend": RouteKind.WRITE,
+    "BatchStream": RouteKind.WRITE,
+}
+# Weaviate's gRPC server also serves the standard health service, which the v4
+# client probes when it connects (unless told to skip its checks): a status only.
+HEALTH_SERVICE: Final = "grpc.health.v1.Health"
+_HEALTH: Final = frozenset({"Check", "Watch"})
+
+
+class WeaviateGrpcFormat(GrpcAdapter, WeaviateGrpcRequests):
+    """Adapter for Weaviate's gRPC ``Search`` replies; rewrites their requests.
+
+    Options as the GraphQL adapter's (``weaviate``): ``text_field`` (the text
+    property), ``id_field`` (a property holding the chunk id; None for the
+    object UUID), ``generative`` ("strip" or "block") and ``hashed_fields`` /
+    ``releasable_fields`` (properties, dotted paths into object properties,
+    released beside the text and id).
+    """
+
+    name = "weaviate_grpc"
+    service = SERVICE
+    kinds = _KINDS
+    replies = _REPLIES
+
+    def __init__(
+        self,
+        *,
+        text_field: str = "text",
+        id_field: str | None = None,
+        generative: str = "strip",
+        hashed_fields: list[str] | None = None,
+        releasable_fields: list[str] | None = None,
+    ) -> None:
+        text = text_field_option(text_field)
+        id_property = id_field_option(id_field, text)
+        if generative not in GENERATIVE_MODES:
+            raise ValueError(f"generative must be one of {', '.join(GENERATIVE_MODES)}")
+        fields = ReleasedFields.from_options(hashed_fields, releasable_fields)
+        own = ((text,), *([(id_property,)] if id_property else []))
+        self.text_field = text
+        self.id_field = id_property
+        self.generative = generative
+        self._options = Options(
+            text,
+            id_property,
+            fields.hashed,
+            tuple(dict.fromkeys([*own, *fields.hashed, *fields.releasable])),
+            own,
+            generative == "block",
+        )
+
+    def route_kind(self, route: Route) -> RouteKind | None:
+        """What a method of ``weaviate.v1.Weaviate`` does; None for other paths.
+
+        FILTERED: Search. CONTENT: Aggregate, TenantsGet, and a method the gate
+        does not know (a newer server's may return stored objects). WRITE: the
+        batch methods. READ: the standard gRPC health service's Check and Watch.
+        """
+        kind = super().route_kind(route)
+        if kind is not None:
+            return kind
+        return RouteKind.READ if grpc_method(route, HEALTH_SERVICE) in _HEALTH else None
+
+    def _read(self, document: tuple[bytes, Any], shape: str) -> WeaviateGrpcBody:
+        body, reply = document
+        reader = Reader(self._options)
+        results = [reader.result(result) for result in reply.results]
+        groups = [
+            ResultGroup(group, [reader.result(obj) for obj in group.objects])
+            for group in reply.group_by_results
+        ]
+        return WeaviateGrpcBody(
+            body,
+            reply,
+            tuple(reader.candidates),
+            results,
+            groups,
+            self._options,
+            grpc_messages.has_unknown_fields(reply),
+        )

@@ -1,0 +1,169 @@
+"""Weaviate's GraphQL API: routes, the format's options and its hit layout.
+
+Responses of ``POST /v1/graphql`` and ``/v1/graphql/batch`` are parsed and
+rendered by ``rest_body``; their requests are rewritten (tenant push-down,
+over-fetch) by ``rest_request`` and ``rest_graphql``.
+
+A hit is a ``Get`` result object. Weaviate objects have no free-form metadata
+object: a hit holds the class properties the query selected beside
+``_additional``, so the hit itself is the free-form object the layout projects
+(the text, the id, hashed and releasable properties), and a substituted hit is
+not marked with ``SUBSTITUTED_FOR``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from sidecar.core.hits import Route, RouteKind
+from sidecar.formats.base import (
+    MalformedBody,
+    ResponseAdapter,
+    id_field_option,
+    load_json,
+    load_object,
+    text_field_option,
+)
+from sidecar.formats.hits import Field, HitLayout, Hits, ReleasedFields
+from sidecar.formats.weaviate.rest_body import Parser, Release, WeaviateBody, sub_results
+from sidecar.formats.weaviate.rest_request import WeaviateRequests, graphql_endpoint
+
+GENERATIVE_MODES: Final = ("strip", "block")
+
+# A hit's own keys: the rest of a result object is its properties.
+_HIT_KEYS: Final = frozenset({"_additional", "__typename"})
+
+# First path segments under /v1 whose every route hands out stored values the
+# gate does not check: backups and exports of whole collections, the REST
+# Search API (/v1/search/{c}/..., /v1/aggregate/{c}) and MCP tool calls.
+# /v1/nodes too: its verbose output counts every shard's objects.
+_CONTENT_ROOTS: Final = frozenset({"backups", "export", "search", "aggregate", "mcp", "nodes"})
+# First path segments whose GET/HEAD read metadata only; other methods write.
+_READ_ROOTS: Final = frozenset(
+    {
+        ".well-known",
+        "meta",
+        "schema",
+        "cluster",
+        "aliases",
+        "users",
+        "authz",
+        "replication",
+        "namespaces",
+        "tasks",
+        "classifications",
+    }
+)
+
+
+class WeaviateFormat(ResponseAdapter[bool], WeaviateRequests):
+    """Adapter for Weaviate's GraphQL search responses (``/v1/graphql`` and its batch);
+    rewrites their requests.
+
+    The chunk id is the object UUID (``_additional.id``), or the property
+    ``id_field`` when set; the chunk text is the property ``text_field``.
+    ``generative`` says what to do with generated text computed from objects
+    the gate removed: "strip" clears it, "block" refuses the response.
+    """
+
+    name = "weaviate"
+
+    def __init__(
+        self,
+        *,
+        text_field: str = "text",
+        id_field: str | None = None,
+        generative: str = "strip",
+        hashed_fields: list[str] | None = None,
+        releasable_fields: list[str] | None = None,
+    ) -> None:
+        """``hashed_fields`` and ``releasable_fields`` name the properties (dotted
+        paths) that go out beside the text and id: checked against the chunk
+        record's ``payload_sha256``, or unverified. Every other property is dropped."""
+        self.text_field = text_field_option(text_field)
+        self.id_field = id_field_option(id_field)
+        if generative not in GENERATIVE_MODES:
+            raise ValueError(f"generative must be one of {', '.join(GENERATIVE_MODES)}")
+        self.generative = generative
+        if self.id_field is None:
+            chunk_id = Field(("id",), "_additional.id", "_additional")
+        else:
+            chunk_id = Field((self.id_field,), f"property {self.id_field!r}")
+        text = Field((self.text_field,), f"property {self.text_field!r}")
+        fields = ReleasedFields.from_options(hashed_fields, releasable_fields)
+        self._layout = HitLayout(
+            "result object", chunk_id, text, None, hit_keys=_HIT_KEYS, fields=fields
+        )
+        own = [(self.text_field,), *([(self.id_field,)] if self.id_field else [])]
+        self._release = Release(
+            self._layout.released,
+            frozenset([*own, *fields.hashed, *fields.releasable]),
+            self.generative == "block",
+        )
+
+    def route_kind(self, route: Route) -> RouteKind | None:
+        """What a route under ``/v1`` does; None for paths outside Weaviate's API.
+
+        FILTERED: POST ``/v1/graphql`` and ``/v1/graphql/batch``. CONTENT: REST
+        object reads, backups, exports, the REST search and aggregate API and
+        MCP (all return stored values past the per-chunk check), and GETs of
+        module-defined endpoints. READ: GET/HEAD of metadata, schema, cluster,
+        user and role endpoints, permission checks and tokenisation. WRITE:
+        everything else on those roots, batches and object changes.
+        """
+        segments = route.path.removesuffix("/").split("/")
+        if segments[:2] != ["", "v1"] or not all(segments[2:]):
+            return None
+        rest = segments[2:]
+        method = route.method.upper()
+        reads = method in ("GET", "HEAD")
+        if not rest:
+            # The root lists the endpoints.
+            return RouteKind.READ if reads else RouteKind.WRITE
+        root = rest[0]
+        if root == "graphql":
+            if method == "POST" and rest[1:] in ([], ["batch"]):
+                return RouteKind.FILTERED
+            return RouteKind.CONTENT if reads else RouteKind.WRITE
+        if root in _CONTENT_ROOTS:
+            return RouteKind.CONTENT
+        if root == "schema" and rest[2:3] == ["tenants"] and reads:
+            # The names of a multi-tenant class's tenants: who else uses it.
+            return RouteKind.CONTENT
+        if root in ("objects", "modules"):
+            return RouteKind.CONTENT if reads else RouteKind.WRITE
+        if root == "batch":
+            return RouteKind.WRITE
+        if root == "tokenize":
+            # Tokenises the text in the request; touches no stored object.
+            return RouteKind.READ
+        if root in _READ_ROOTS:
+            if reads or (root == "authz" and rest[-1] == "has-permission"):
+                return RouteKind.READ
+            return RouteKind.WRITE
+        return None
+
+    def _shape(self, route: Route) -> bool | None:
+        """Whether the route is the batch endpoint; None for routes not filtered."""
+        return graphql_endpoint(route)
+
+    def _load(self, body: bytes, shape: bool) -> Any:
+        if not shape:
+            return load_object(body)
+        document = load_json(body)
+        if not isinstance(document, list):
+            raise MalformedBody("a GraphQL batch response is not a JSON list")
+        return document
+
+    def _read(self, document: Any, shape: bool) -> WeaviateBody:
+        hits = Hits(self._layout)
+        parser = Parser(hits)
+        if shape:
+            responses = tuple(parser.response(item) for item in document)
+            # Batches are never over-fetched.
+            return WeaviateBody(hits, responses, True, self._release)
+        response = parser.response(document)
+        # A plain query has one limit per class result.
+        return WeaviateBody(
+            hits, (response,), False, self._release, sub_results=sub_results(response)
+        )
