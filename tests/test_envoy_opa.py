@@ -8,7 +8,6 @@ wrong: every chunk is rejected with POLICY_ERROR (or the request refused with
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -19,7 +18,7 @@ from sidecar.demo.upstream import CannedResponse
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.fake_opa import FakeOpa, Misbehaviour
 from tests.fixtures.records import record_dict, text_for
-from tests.harness import GateStack, HttpResult, client_view, search_ids
+from tests.harness import GateStack, HttpResult, client_view, search_ids, wait_until
 
 pytestmark = pytest.mark.envoy
 
@@ -192,9 +191,12 @@ def test_opa_going_down_mid_request_rejects_every_chunk(
     # The request policy passes; OPA is gone by the time the response is decided.
     opa_stack.upstream.respond("POST", SEARCH, CannedResponse(BODY, delay_seconds=1.0))
     try:
+        seen = len(opa_stack.upstream.requests)
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(opa_stack.search, SEARCH)
-            time.sleep(0.4)
+            # Polled, not slept: the database has the request, so the request
+            # policy has passed; it answers after 1 s, and OPA goes down meanwhile.
+            assert wait_until(lambda: len(opa_stack.upstream.requests) > seen, timeout=10)
             fake.down()
             response = pending.result()
     finally:

@@ -68,19 +68,40 @@ def stack(tmp_path_factory: pytest.TempPathFactory, database: str) -> Iterator[G
     gate.stop()
 
 
+def served(stack: GateStack) -> list[int]:
+    """The point ids the gate releases of the search (every point, in order, upstream)."""
+    return search_ids(stack.search(SEARCH))
+
+
+def assert_served_becomes(stack: GateStack, expected: list[int]) -> None:
+    """Wait until exactly ``expected`` is released: a change withdraws (or restores)
+    its chunk and leaves every other one served. Absence alone would also hold for
+    a gate that withholds everything after a change."""
+    last: list[list[int]] = []
+
+    def exactly() -> bool:
+        last[:] = [served(stack)]
+        return last[0] == expected
+
+    assert wait_until(exactly), f"served {last[0]}, expected {expected}"
+
+
 def test_revocation_from_plain_psql_reaches_the_next_responses(
     stack: GateStack, database: str
 ) -> None:
-    assert 1 in search_ids(stack.search(SEARCH))  # admitted, and now cached for an hour
+    # The first test of the module: every chunk but 6 (unsigned) is admitted,
+    # and now cached for an hour.
+    assert served(stack) == [1, 2, 3, 4, 5]
     started = time.monotonic()
     sql(database, "UPDATE chunks SET status = 'revoked' WHERE chunk_id = '1'")
-    assert wait_until(lambda: 1 not in search_ids(stack.search(SEARCH)))
+    assert_served_becomes(stack, [2, 3, 4, 5])
     print(f"revocation visible through Envoy after {time.monotonic() - started:.3f} s")
     assert stack.metric("retrieval_gate_cache_invalidations_total") >= 1
 
 
 def test_killed_listen_connection_flushes_the_cache(stack: GateStack, database: str) -> None:
-    assert 2 in search_ids(stack.search(SEARCH))
+    before = served(stack)
+    assert 2 in before
     flushes = stack.metric("retrieval_gate_cache_flushes_total")
     with psycopg.connect(database, autocommit=True) as connection:
         connection.execute(
@@ -90,12 +111,13 @@ def test_killed_listen_connection_flushes_the_cache(stack: GateStack, database: 
         # Changed while nobody listens: this notification is lost.
         connection.execute("UPDATE chunks SET status = 'quarantined' WHERE chunk_id = '2'")
     assert wait_until(lambda: stack.metric("retrieval_gate_cache_flushes_total") >= flushes + 2)
-    assert 2 not in search_ids(stack.search(SEARCH))
+    assert served(stack) == [i for i in before if i != 2]
 
 
 def test_signature_required_then_signed(stack: GateStack, database: str) -> None:
-    record = next(r for r in (stack.search(SEARCH), None) if r is not None)
-    assert 6 not in search_ids(record)
+    record = stack.search(SEARCH)
+    before = search_ids(record)
+    assert before and 6 not in before
     decision = stack.audit_records()[-1]
     assert {"chunk_id": "6", "position": 5, "reasons": ["SIGNATURE_MISSING"]} in decision[
         "rejected"
@@ -105,9 +127,9 @@ def test_signature_required_then_signed(stack: GateStack, database: str) -> None
         "INSERT INTO electronic_signatures (doc_id, version, signer, meaning, signed_at) "
         "VALUES ('SOP-6', '2', 'qa-lead', 'approval', now())",
     )
-    assert wait_until(lambda: 6 in search_ids(stack.search(SEARCH)))
+    assert_served_becomes(stack, [*before, 6])
     sql(database, "UPDATE electronic_signatures SET is_valid = false WHERE doc_id = 'SOP-6'")
-    assert wait_until(lambda: 6 not in search_ids(stack.search(SEARCH)))
+    assert_served_becomes(stack, before)
 
 
 def test_supersede_with_the_cli_and_substitute(stack: GateStack, database: str) -> None:
@@ -115,10 +137,12 @@ def test_supersede_with_the_cli_and_substitute(stack: GateStack, database: str) 
     successor = record_dict(
         "33", doc_id="doc-3", version="2", text=new_text, sha256=canonical_sha256(new_text)
     )
+    before = served(stack)
+    assert 3 in before
     path = write_records(stack.workdir / "successor.jsonl", [successor])
     subprocess.run([*CLI, "store", "load", "--store", database, str(path)], check=True)
     subprocess.run([*CLI, "store", "supersede", "3", "--by", "33", "--store", database], check=True)
-    assert wait_until(lambda: 3 not in search_ids(stack.search(SEARCH)))
+    assert_served_becomes(stack, [i for i in before if i != 3])
     substituted = stack.search("/collections/current/points/search").json()["result"]
     hit = next(h for h in substituted if h["id"] == 33)
     assert hit["payload"]["text"] == new_text
@@ -161,9 +185,9 @@ def test_sigkill_under_load_loses_no_returned_decision(tmp_path: Path) -> None:
             workers = [threading.Thread(target=load) for _ in range(4)]
             for worker in workers:
                 worker.start()
-            time.sleep(1.5)
+            # Polled, not slept: traffic is flowing once answers come back.
+            assert wait_until(lambda: len(received) > 20, timeout=30)
             gate.kill_sidecar()  # SIGKILL, mid-traffic
-            time.sleep(0.3)
             stop.set()
             for worker in workers:
                 worker.join()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import signal
-import time
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +15,7 @@ import zstandard
 from sidecar.demo.upstream import CannedResponse
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.records import record_dict, text_for
-from tests.harness import GateStack, HttpResult
+from tests.harness import GateStack, HttpResult, wait_until
 
 pytestmark = pytest.mark.envoy
 
@@ -41,9 +40,12 @@ def _slow_search(stack: GateStack, during: Callable[[], None]) -> HttpResult:
     """A search whose upstream answers after 1 s, with ``during`` run meanwhile."""
     body = qb.encode(qb.search_body(POINTS))
     stack.upstream.respond("POST", SEARCH, CannedResponse(body, delay_seconds=1.0))
+    seen = len(stack.upstream.requests)
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(stack.search, SEARCH)
-        time.sleep(0.4)  # past ext_authz; ext_proc's stream is open; the DB is "working"
+        # Polled, not slept: once the database has the request, it is past
+        # ext_authz and ext_proc's stream is open; the DB is "working" for 1 s.
+        assert wait_until(lambda: len(stack.upstream.requests) > seen, timeout=10)
         during()
         return pending.result()
 

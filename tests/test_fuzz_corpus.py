@@ -9,6 +9,12 @@ longer than the hang bound, no rejected chunk is released, no search goes
 on without the tenant condition, no invalid record or unsigned bundle
 content is accepted. The oracle is shown to catch what it is for by
 breaking the gate on purpose (the last tests).
+
+The oracle passes an input refused as well as accepted, so each input's
+outcome is also held to the one recorded from a correct build
+(``tests/corpus_outcomes/<target>.json``, written by
+``tests/fixtures/corpus_outcomes.py``, which says how to regenerate them):
+a build that refuses what it used to accept fails the replay.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from fuzz_targets import (
     judge,
 )
 
+from tests.fixtures import corpus_outcomes
+
 TARGETS = all_targets()
 
 
@@ -57,6 +65,34 @@ def test_the_corpus_replays_without_a_crash_hang_or_oracle_failure(name: str) ->
         if verdict.outcome not in (ACCEPTED, REFUSED):
             failed.append(f"{path.name}: {verdict.outcome} {verdict.detail}")
     assert failed == []
+
+
+def test_every_target_has_a_recorded_outcome_manifest_and_no_other() -> None:
+    kept = {path.stem for path in corpus_outcomes.OUTCOMES.glob("*.json")}
+    assert kept == set(TARGETS)
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_every_input_gets_its_recorded_outcome(name: str) -> None:
+    # The oracle takes refused as well as accepted: a build refusing every body
+    # (an adapter that raises) passes it. Each input's outcome is recorded from a
+    # correct build, so refusing what was accepted (or accepting what was
+    # refused) fails here. Regenerate: see tests/fixtures/corpus_outcomes.py.
+    expected = corpus_outcomes.recorded(name)
+    actual = corpus_outcomes.replayed(TARGETS[name], CORPUS / name)
+    assert set(actual) == set(expected), (
+        f"inputs without a recorded outcome, or recorded ones gone: {corpus_outcomes.REGENERATE}"
+    )
+    assert set(expected.values()) <= {ACCEPTED, REFUSED}
+    changed = {k: (expected[k], v) for k, v in actual.items() if v != expected[k]}
+    assert changed == {}
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_the_recorded_outcomes_hold_both_kinds(name: str) -> None:
+    # A manifest recorded from a build that refuses (or accepts) everything would
+    # hold one kind only: every corpus holds inputs of both.
+    assert set(corpus_outcomes.recorded(name).values()) == {ACCEPTED, REFUSED}
 
 
 # -- regressions: inputs the fuzzer found, named ---------------------------------------

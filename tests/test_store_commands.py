@@ -133,7 +133,9 @@ def test_revoke_and_quarantine(
 ) -> None:
     assert run(command, "--store", loaded, "old") == 0
     assert capsys.readouterr().out == f'chunk "old" is now {status}\n'
-    assert shown(loaded, "old", capsys)["status"] == status
+    # Exactly that chunk changed: every other one keeps its status.
+    statuses = {c: shown(loaded, c, capsys)["status"] for c in ("old", "new", "gone", "other")}
+    assert statuses == {"old": status, "new": "approved", "gone": "revoked", "other": "approved"}
     assert run(command, "--store", loaded, "nope") == 1
     assert capsys.readouterr().err == 'error: nothing changed: chunk "nope": no such record\n'
 
