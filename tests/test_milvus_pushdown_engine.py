@@ -31,8 +31,8 @@ from pymilvus.grpc_gen import milvus_pb2
 from sidecar.core.hits import Route
 from sidecar.formats.base import UnfilterableRequest
 from sidecar.formats.grpc_frames import frame, messages
-from sidecar.formats.milvus import MilvusFormat
-from sidecar.formats.milvus_grpc import MilvusGrpcFormat
+from sidecar.formats.milvus.grpc import MilvusGrpcFormat
+from sidecar.formats.milvus.rest import MilvusFormat
 from tests.fixtures import milvus_grpc_bodies as mb
 
 COLLECTION = "docs"
