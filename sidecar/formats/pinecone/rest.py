@@ -43,9 +43,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from sidecar.core.hits import Route, RouteKind
-from sidecar.formats.base import MalformedBody, ResponseAdapter, id_field_option, text_field_option
+from sidecar.formats.base import MalformedBody, ResponseAdapter
 from sidecar.formats.body import HitBody, Selection
 from sidecar.formats.hits import Field, HitLayout, Hits, ReleasedFields
+from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
 from sidecar.formats.pinecone.rest_request import Endpoint, PineconeRequests, endpoint
 
 # Rebuilds the top-level object for a selection; the parsed document is
@@ -199,20 +200,12 @@ class PineconeFormat(ResponseAdapter[Endpoint], PineconeRequests):
 
     name = "pinecone"
 
-    def __init__(
-        self,
-        *,
-        text_field: str = "text",
-        id_field: str | None = None,
-        hashed_fields: list[str] | None = None,
-        releasable_fields: list[str] | None = None,
-    ) -> None:
-        """``hashed_fields`` and ``releasable_fields`` name the metadata (record
-        ``fields``) paths that go out beside the text and id: checked against the
-        chunk record's ``payload_sha256``, or unverified. Everything else is dropped."""
-        self.text_field = text_field_option(text_field)
-        self.id_field = id_field_option(id_field, self.text_field)
-        fields = ReleasedFields.from_options(hashed_fields, releasable_fields)
+    def __init__(self, options: AdapterOptions = DEFAULT_OPTIONS) -> None:
+        """The text, the id (None: the hit's id, not the text field) and the released
+        fields are metadata (record ``fields``) paths; everything else is dropped."""
+        self.text_field = options.text_field
+        self.id_field = options.distinct_id_field()
+        fields = options.fields
         self._layouts = {shape: self._layout(shape, fields) for shape in (_QUERY, _SEARCH)}
 
     @property
