@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from sidecar.formats.chroma.rest import ChromaFormat
-from sidecar.formats.hits import ReleasedFields
+from sidecar.formats.hits import Field, ReleasedFields
 from sidecar.formats.options import (
     DEFAULT_OPTIONS,
     OPTION_NAMES,
@@ -93,3 +93,14 @@ def test_a_generic_format_takes_only_the_released_fields() -> None:
         build_format_table(
             {"mine": {**table, "text_field": "t"}}, {}, text_field="t", id_field=None
         )
+
+
+def test_where_a_hit_keeps_its_text_and_chunk_id() -> None:
+    own = Field(("id",), "point id")
+    options = AdapterOptions(text_field="body")
+    assert options.text_at("payload field", "payload") == Field(
+        ("body",), "payload field 'body'", "payload"
+    )
+    assert options.id_at(own, "payload field", "payload") is own
+    chunk = AdapterOptions(id_field="chunk").id_at(own, "property")
+    assert chunk == Field(("chunk",), "property 'chunk'", None)

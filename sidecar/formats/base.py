@@ -30,7 +30,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeAlias, TypeVar
 
 import orjson
 
@@ -92,15 +92,18 @@ class UnfilterableRequest(MalformedRequest):
     code = NOT_FILTERABLE
 
 
+# What ``ParsedBody.render`` takes: at most so many kept hits per sub-result
+# (None: all of them), and the chunks that take kept hits' places.
+RenderLimits: TypeAlias = Sequence[int | None] | None
+Replacements: TypeAlias = Mapping[int, Replacement] | None
+
+
 class ParsedBody(Protocol):
     @property
     def candidates(self) -> Sequence[Candidate]: ...
 
     def render(
-        self,
-        keep: Collection[int],
-        limits: Sequence[int | None] | None = None,
-        replacements: Mapping[int, Replacement] | None = None,
+        self, keep: Collection[int], limits: RenderLimits = None, replacements: Replacements = None
     ) -> bytes:
         """Serialise the body with only the hits whose position is in ``keep``.
 
@@ -119,9 +122,7 @@ class ParsedBody(Protocol):
         """
         ...
 
-    def released_positions(
-        self, keep: Collection[int], limits: Sequence[int | None] | None = None
-    ) -> list[int]:
+    def released_positions(self, keep: Collection[int], limits: RenderLimits = None) -> list[int]:
         """The positions ``render(keep, limits)`` sends, in body order."""
         ...
 

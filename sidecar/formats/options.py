@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
-from sidecar.formats.hits import ReleasedFields
+from sidecar.formats.hits import Field, ReleasedFields
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,18 @@ class AdapterOptions:
         released = ReleasedFields.from_options(self.hashed_fields, self.releasable_fields)
         # Frozen: the checked form is set once, here.
         object.__setattr__(self, "fields", released)
+
+    def text_at(self, noun: str, within: str | None = None) -> Field:
+        """Where a hit keeps its text: ``text_field`` of its object ``within`` (None: of
+        the hit itself), named in problems as ``noun`` and the field's name."""
+        return Field((self.text_field,), f"{noun} {self.text_field!r}", within)
+
+    def id_at(self, own: Field, noun: str, within: str | None = None) -> Field:
+        """Where a hit keeps its chunk id: the database's own id ``own``, unless
+        ``id_field`` names a field, found and named as ``text_at`` finds the text."""
+        if self.id_field is None:
+            return own
+        return Field((self.id_field,), f"{noun} {self.id_field!r}", within)
 
     def distinct_id_field(self) -> str | None:
         """``id_field``, refused when it names the text field: for adapters that read

@@ -303,10 +303,7 @@ class ChromaFormat(ResponseAdapter[_Shape], ChromaRequests):
         every other metadata field is dropped."""
         self.id_field = options.id_field
         fields = options.fields
-        if self.id_field is None:
-            chunk_id = Field(("ids",), "id")
-        else:
-            chunk_id = Field((self.id_field,), f"metadata field {self.id_field!r}", "metadatas")
+        chunk_id = options.id_at(Field(("ids",), "id"), "metadata field", "metadatas")
         self._layout = HitLayout(
             "record",
             chunk_id,

@@ -380,11 +380,8 @@ class ElasticsearchFormat(ResponseAdapter[str], ElasticsearchRequests):
             inner_hits,
             (*chunk, *declared),
         )
-        text = Field((text_field,), f"_source field {text_field!r}", "_source")
-        if id_field is None:
-            chunk_id = Field(("_id",), "_id")
-        else:
-            chunk_id = Field((id_field,), f"_source field {id_field!r}", "_source")
+        text = options.text_at("_source field", "_source")
+        chunk_id = options.id_at(Field(("_id",), "_id"), "_source field", "_source")
         self._layout = HitLayout(
             "hit", chunk_id, text, ("_source",), hit_keys=_HIT_KEYS, fields=fields
         )

@@ -53,7 +53,7 @@ from sidecar.core.hits import RouteKind
 from sidecar.formats import grpc_adapter, grpc_messages
 from sidecar.formats.body import Selection
 from sidecar.formats.hits import Hits
-from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
+from sidecar.formats.options import AdapterOptions
 from sidecar.formats.pinecone.grpc_request import (
     FETCH,
     QUERY,
@@ -112,7 +112,7 @@ def _message(name: str) -> Any:
     return grpc_messages.message_class(name)
 
 
-class PineconeGrpcFormat(grpc_adapter.GrpcAdapter, PineconeGrpcRequests):
+class PineconeGrpcFormat(grpc_adapter.TwinGrpcAdapter, PineconeGrpcRequests):
     """Adapter for the gRPC data plane of a Pinecone index host (``VectorService``):
     filters ``Query`` and ``Fetch`` replies, rewrites ``Query`` requests."""
 
@@ -121,13 +121,9 @@ class PineconeGrpcFormat(grpc_adapter.GrpcAdapter, PineconeGrpcRequests):
     kinds = _KINDS
     replies = _REPLIES
 
-    def __init__(self, options: AdapterOptions = DEFAULT_OPTIONS) -> None:
-        """The options of the REST ``PineconeFormat``, with the same meaning, read by it."""
-        rest = PineconeFormat(options)
-        self.text_field, self.id_field = rest.text_field, rest.id_field
-        # The REST layout of a query match (a ScoredVector): a hit is read as the
-        # JSON match {"id", "metadata"} it stands for, so it is released alike.
-        self._layout = rest.query_layout
+    def _twin(self, options: AdapterOptions) -> PineconeFormat:
+        # A match (a ScoredVector) is read as the JSON match {"id", "metadata"} it stands for.
+        return PineconeFormat(options)
 
     def _read(self, document: tuple[bytes, Any], shape: str) -> grpc_adapter.RebuiltReply:
         body, reply = document

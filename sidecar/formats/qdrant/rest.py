@@ -312,11 +312,8 @@ class QdrantFormat(ResponseAdapter[_Shape], QdrantRequests):
         fields; every other payload field is dropped."""
         self.text_field = options.text_field
         self.id_field = options.id_field
-        text = Field((self.text_field,), f"payload field {self.text_field!r}", within="payload")
-        if self.id_field is None:
-            chunk_id = Field(("id",), "point id")
-        else:
-            chunk_id = Field((self.id_field,), f"payload field {self.id_field!r}", "payload")
+        text = options.text_at("payload field", "payload")
+        chunk_id = options.id_at(Field(("id",), "point id"), "payload field", "payload")
         self._layout = HitLayout(
             "point",
             chunk_id,
@@ -328,8 +325,8 @@ class QdrantFormat(ResponseAdapter[_Shape], QdrantRequests):
         )
 
     @property
-    def hit_layout(self) -> HitLayout:
-        """How a point is read and released; the gRPC adapter reads its points so too."""
+    def twin_layout(self) -> HitLayout:
+        """How a point is read and released; the gRPC twin reads its points so too."""
         return self._layout
 
     def route_kind(self, route: Route) -> RouteKind | None:

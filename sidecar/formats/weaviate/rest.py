@@ -89,11 +89,8 @@ class WeaviateFormat(ResponseAdapter[bool], WeaviateRequests):
         self.text_field = options.text_field
         self.id_field = options.id_field
         self.generative = generative_option(generative)
-        if self.id_field is None:
-            chunk_id = Field(("id",), "_additional.id", "_additional")
-        else:
-            chunk_id = Field((self.id_field,), f"property {self.id_field!r}")
-        text = Field((self.text_field,), f"property {self.text_field!r}")
+        chunk_id = options.id_at(Field(("id",), "_additional.id", "_additional"), "property")
+        text = options.text_at("property")
         self._layout = HitLayout(
             "result object", chunk_id, text, None, hit_keys=_HIT_KEYS, fields=options.fields
         )
