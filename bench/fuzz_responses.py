@@ -40,6 +40,7 @@ from sidecar.formats.base import AbsentAnswer, MalformedBody, ResponseFormat, Un
 from sidecar.formats.elasticsearch.rest import ElasticsearchFormat
 from sidecar.formats.grpc_frames import frame
 from sidecar.formats.milvus.grpc import MilvusGrpcFormat
+from sidecar.formats.options import AdapterOptions
 from sidecar.formats.pinecone.grpc import PineconeGrpcFormat
 from sidecar.formats.qdrant.grpc import QdrantGrpcFormat
 from sidecar.formats.weaviate.grpc import WeaviateGrpcFormat
@@ -191,7 +192,7 @@ _CASES: Final[Sequence[FormatCase]] = (
 _MORE_OPTIONS: Final[Mapping[str, Sequence[ResponseFormat]]] = {
     "elasticsearch": (
         ElasticsearchFormat(total="remove", inner_hits="keep", aggregations="keep", suggest="keep"),
-        ElasticsearchFormat(releasable_fields=["meta.lang"], hashed_fields=["k"]),
+        ElasticsearchFormat(AdapterOptions(releasable_fields=["meta.lang"], hashed_fields=["k"])),
     ),
     "weaviate": (WeaviateFormat(generative="block"),),
 }
@@ -439,19 +440,28 @@ _GRPC: Final = (
     _GrpcAdapter(
         "qdrant_grpc",
         "qdrant.Points",
-        (QdrantGrpcFormat(), QdrantGrpcFormat(id_field="chunk", releasable_fields=["lang"])),
+        (
+            QdrantGrpcFormat(),
+            QdrantGrpcFormat(AdapterOptions(id_field="chunk", releasable_fields=["lang"])),
+        ),
         _qdrant_replies,
     ),
     _GrpcAdapter(
         "milvus_grpc",
         "milvus.proto.milvus.MilvusService",
-        (MilvusGrpcFormat(), MilvusGrpcFormat(id_field="chunk", releasable_fields=["year"])),
+        (
+            MilvusGrpcFormat(),
+            MilvusGrpcFormat(AdapterOptions(id_field="chunk", releasable_fields=["year"])),
+        ),
         _milvus_replies,
     ),
     _GrpcAdapter(
         "pinecone_grpc",
         "VectorService",
-        (PineconeGrpcFormat(), PineconeGrpcFormat(id_field="chunk", hashed_fields=["lang"])),
+        (
+            PineconeGrpcFormat(),
+            PineconeGrpcFormat(AdapterOptions(id_field="chunk", hashed_fields=["lang"])),
+        ),
         _pinecone_replies,
     ),
     _GrpcAdapter(
@@ -459,7 +469,9 @@ _GRPC: Final = (
         "weaviate.v1.Weaviate",
         (
             WeaviateGrpcFormat(),
-            WeaviateGrpcFormat(id_field="chunk", generative="block", releasable_fields=["lang"]),
+            WeaviateGrpcFormat(
+                AdapterOptions(id_field="chunk", releasable_fields=["lang"]), generative="block"
+            ),
         ),
         _weaviate_replies,
     ),

@@ -11,13 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from sidecar.core.hits import Route
-from sidecar.formats.base import ResponseFormat
+from sidecar.formats.base import ResponseAdapter, ResponseFormat
+from sidecar.formats.options import split_table
+
+AdapterT = TypeVar("AdapterT", bound=ResponseAdapter[Any])
+
+
+def adapter(factory: type[AdapterT], /, **table: Any) -> AdapterT:
+    """The adapter ``factory`` builds from options as its ``[formats.<name>]`` table
+    spells them (``AdapterOptions`` and its own options alike)."""
+    options, own = split_table(table, factory.options_not_taken)
+    return cast(Callable[..., AdapterT], factory)(options, **own)
+
 
 PROPERTIES = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # For properties whose every example is slow (a client library reads the body).

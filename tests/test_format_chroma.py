@@ -35,6 +35,7 @@ from sidecar.core.integrity import canonical_fields
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody, ResponseFormat
 from sidecar.formats.chroma.rest import ChromaFormat, PathCollection
 from sidecar.formats.chroma.rest_request import collection_endpoint
+from sidecar.formats.options import AdapterOptions
 from sidecar.formats.qdrant.rest import QdrantFormat
 from sidecar.formats.registry import FormatTable, build_format_table, classify
 from tests.fixtures.chroma_bodies import (
@@ -51,7 +52,7 @@ from tests.fixtures.chroma_bodies import (
     row,
     search_body,
 )
-from tests.format_strategies import PROPERTIES
+from tests.format_strategies import PROPERTIES, adapter
 
 ENDPOINTS = ("query", "get", "search")
 V2 = "/api/v2"
@@ -164,7 +165,7 @@ RELEASABLE = ["chunk", "group", "tags", "n", "ok", "f"]
 
 def chroma(**options: Any) -> ChromaFormat:
     """The adapter with the test records' metadata fields releasable."""
-    return ChromaFormat(releasable_fields=RELEASABLE, **options)
+    return adapter(ChromaFormat, releasable_fields=RELEASABLE, **options)
 
 
 def parse(endpoint: str, body: Body | bytes, fmt: ChromaFormat | None = None) -> ParsedBody:
@@ -389,7 +390,7 @@ def test_parse_refuses_routes_it_does_not_filter(method: str, path: str) -> None
 )
 def test_invalid_options_name_the_option(options: dict[str, Any], option: str) -> None:
     with pytest.raises(ValueError, match=option):
-        ChromaFormat(**options)
+        adapter(ChromaFormat, **options)
 
 
 def test_text_is_the_document_not_a_metadata_field() -> None:
@@ -473,7 +474,7 @@ def test_without_documents_every_hit_has_a_problem(endpoint: str) -> None:
 
 def test_id_field_without_metadatas_is_a_problem() -> None:
     body = build("query", batches_for("query"), include=["documents"])
-    (first, *_) = parse("query", body, ChromaFormat(id_field="chunk")).candidates
+    (first, *_) = parse("query", body, ChromaFormat(AdapterOptions(id_field="chunk"))).candidates
     assert first == Candidate(0, None, "alpha", "no metadatas")
 
 
@@ -802,14 +803,16 @@ def test_null_metadata_stays_null() -> None:
 
 def test_id_field_and_marker_go_out_undeclared() -> None:
     records = [row("r-1", "old", doc_chunk="sop-1", secret="SECRET")]
-    parsed = parse("get", get_body(records), ChromaFormat(id_field="doc_chunk"))
+    parsed = parse("get", get_body(records), ChromaFormat(AdapterOptions(id_field="doc_chunk")))
     out = orjson.loads(parsed.render({0}, replacements={0: Replacement("sop-2", "new")}))
     assert out["metadatas"] == [{"doc_chunk": "sop-2", SUBSTITUTED_FOR: "sop-1"}]
 
 
 def test_a_substitute_loses_the_declared_metadata_fields() -> None:
     records = [row("r-1", "old", doc_chunk="sop-1", title="T", source={"url": "u"})]
-    fmt = ChromaFormat(id_field="doc_chunk", hashed_fields=["title"], releasable_fields=["source"])
+    fmt = ChromaFormat(
+        AdapterOptions(id_field="doc_chunk", hashed_fields=["title"], releasable_fields=["source"])
+    )
     parsed = parse("get", get_body(records), fmt)
     assert orjson.loads(parsed.render({0}))["metadatas"] == [
         {"doc_chunk": "sop-1", "title": "T", "source": {"url": "u"}}
@@ -820,14 +823,14 @@ def test_a_substitute_loses_the_declared_metadata_fields() -> None:
 
 def test_releasable_dotted_paths_keep_their_nesting() -> None:
     record = row("c-1", "t", source={"url": "u", "owner": "SECRET"}, page=3)
-    fmt = ChromaFormat(releasable_fields=["source.url", "page", "absent.field"])
+    fmt = ChromaFormat(AdapterOptions(releasable_fields=["source.url", "page", "absent.field"]))
     out = orjson.loads(parse("get", get_body([record]), fmt).render({0}))
     assert out["metadatas"] == [{"source": {"url": "u"}, "page": 3}]
 
 
 def test_hashed_fields_reach_the_candidate_and_go_out() -> None:
     records = [row("c-1", "t", title="T1", secret="SECRET"), row("c-2", "u")]
-    fmt = ChromaFormat(hashed_fields=["title"])
+    fmt = ChromaFormat(AdapterOptions(hashed_fields=["title"]))
     for endpoint in ENDPOINTS:
         parsed = parse(endpoint, build(endpoint, [records]), fmt)
         first, second = parsed.candidates
@@ -842,7 +845,7 @@ def test_hashed_fields_without_a_canonical_form_make_the_record_unusable() -> No
     # Two keys that are one once in canonical (NFC) form.
     record = row("c-1", "t", title={"e\u0301": 1, "\u00e9": 2})
     (candidate,) = parse(
-        "get", get_body([record]), ChromaFormat(hashed_fields=["title"])
+        "get", get_body([record]), ChromaFormat(AdapterOptions(hashed_fields=["title"]))
     ).candidates
     assert candidate.text is None and candidate.fields is None
     assert candidate.problem == "hashed fields have no canonical form"
@@ -854,7 +857,7 @@ def test_hashed_fields_without_a_canonical_form_make_the_record_unusable() -> No
 )
 def test_invalid_field_options(options: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="_fields"):
-        ChromaFormat(**options)
+        adapter(ChromaFormat, **options)
 
 
 # -- collections named in paths ----------------------------------------------------
@@ -963,7 +966,7 @@ def _released(batches: Sequence[Sequence[Row]]) -> list[list[Row]]:
     return [[{**r, "metadata": metadata(r)} for r in batch] for batch in batches]
 
 
-_CHUNK_ONLY = ChromaFormat(releasable_fields=["chunk"])
+_CHUNK_ONLY = ChromaFormat(AdapterOptions(releasable_fields=["chunk"]))
 
 
 def _layout(data: st.DataObject, batches: list[list[Row]]) -> tuple[list[str], list[list[str]]]:

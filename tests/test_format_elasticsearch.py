@@ -49,6 +49,7 @@ from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
 from sidecar.formats.elasticsearch.rest import ElasticsearchFormat
 from sidecar.formats.elasticsearch.rest_routes import RULES, endpoint, index_expression, index_names
+from sidecar.formats.options import AdapterOptions
 from tests.fixtures.elasticsearch_bodies import (
     AGGREGATIONS,
     INDEX,
@@ -67,7 +68,7 @@ from tests.fixtures.elasticsearch_bodies import (
     msearch_item,
     search_body,
 )
-from tests.format_strategies import PROPERTIES, SLOW_PROPERTIES, json_scalars, json_values
+from tests.format_strategies import PROPERTIES, SLOW_PROPERTIES, adapter, json_scalars, json_values
 
 FILTERED, READ, CONTENT, WRITE = (
     RouteKind.FILTERED,
@@ -946,7 +947,7 @@ def test_candidate_from_hit(
 def test_candidate_from_source_fields(
     source: Any, chunk_id: str | None, text: str | None, problem: str | None
 ) -> None:
-    fmt = ElasticsearchFormat(text_field="body", id_field="chunk")
+    fmt = ElasticsearchFormat(AdapterOptions(text_field="body", id_field="chunk"))
     assert _one(_bare(_id="ignored", _source=source), fmt) == Candidate(0, chunk_id, text, problem)
 
 
@@ -1143,7 +1144,9 @@ def test_fields_keep_only_released_source_paths_without_lookup_shapes() -> None:
         "author": [{"name": ["from another index"], "email": ["x@example.com"]}],
     }
     fmt = ElasticsearchFormat(
-        hashed_fields=["title"], releasable_fields=["metadata", "location", "author"]
+        AdapterOptions(
+            hashed_fields=["title"], releasable_fields=["metadata", "location", "author"]
+        )
     )
     out = _render(search_body([item]), {0}, fmt=fmt)
     assert out["hits"]["hits"][0]["fields"] == {
@@ -1165,7 +1168,9 @@ def test_fields_left_empty_are_removed() -> None:
 def test_fields_of_the_id_field_are_released() -> None:
     item = {"_index": INDEX, "_id": "x", "_score": 1.0, "_source": {"chunk": "c", "text": "t"}}
     item["fields"] = {"chunk": ["c"], "other": [1]}
-    out = _render(search_body([item]), {0}, fmt=ElasticsearchFormat(id_field="chunk"))
+    out = _render(
+        search_body([item]), {0}, fmt=ElasticsearchFormat(AdapterOptions(id_field="chunk"))
+    )
     assert out["hits"]["hits"][0]["fields"] == {"chunk": ["c"]}
 
 
@@ -1226,7 +1231,9 @@ def test_source_keeps_only_the_text_id_and_declared_fields() -> None:
     }
     item = {"_index": INDEX, "_id": "x", "_score": 1.0, "_source": source}
     fmt = ElasticsearchFormat(
-        id_field="chunk", hashed_fields=["title"], releasable_fields=["metadata.source"]
+        AdapterOptions(
+            id_field="chunk", hashed_fields=["title"], releasable_fields=["metadata.source"]
+        )
     )
     (out,) = _render(search_body([item]), {0}, fmt=fmt)["hits"]["hits"]
     assert out["_source"] == {
@@ -1239,7 +1246,7 @@ def test_source_keeps_only_the_text_id_and_declared_fields() -> None:
 
 def test_hashed_fields_reach_the_candidate() -> None:
     item = hit("a", "alpha", title="T", secret="s")
-    fmt = ElasticsearchFormat(hashed_fields=["title"])
+    fmt = ElasticsearchFormat(AdapterOptions(hashed_fields=["title"]))
     (candidate,) = _parse(search_body([item]), fmt=fmt).candidates
     assert candidate.fields == '{"title":"T"}'
 
@@ -1424,7 +1431,7 @@ def test_replacement_takes_the_hit_id_and_text() -> None:
     items[0]["highlight"] = {"text": ["<em>alpha</em> old revision"]}
     items[0]["fields"] = {"text": ["alpha"], "text.keyword": ["alpha"], "year": [2020]}
     items[0]["sort"] = [3.5, "a"]
-    fmt = ElasticsearchFormat(releasable_fields=["tenant", "year"])
+    fmt = ElasticsearchFormat(AdapterOptions(releasable_fields=["tenant", "year"]))
     out = _render(
         search_body(items), {0, 1}, fmt=fmt, replacements={0: Replacement("a-v2", "alpha v2")}
     )
@@ -1441,7 +1448,7 @@ def test_replacement_takes_the_hit_id_and_text() -> None:
 
 
 def test_replacement_with_id_field() -> None:
-    fmt = ElasticsearchFormat(text_field="body", id_field="chunk")
+    fmt = ElasticsearchFormat(AdapterOptions(text_field="body", id_field="chunk"))
     item = {
         "_index": INDEX,
         "_id": "es-1",
@@ -1488,7 +1495,7 @@ def test_replacement_for_a_rejected_position_is_ignored() -> None:
 )
 def test_invalid_options_name_the_option(options: dict[str, Any], name: str) -> None:
     with pytest.raises(ValueError, match=name):
-        ElasticsearchFormat(**options)
+        adapter(ElasticsearchFormat, **options)
 
 
 # -- the real clients ---------------------------------------------------------------

@@ -32,7 +32,6 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.core.integrity import canonical_fields
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
-from sidecar.formats.generic.rest import GenericFormat
 from sidecar.formats.registry import build_format_table
 from tests.fixtures.generic_bodies import (
     BATCHES,
@@ -298,7 +297,7 @@ def test_invalid_common_options(changes: dict[str, Any], message: str) -> None:
 )
 def test_invalid_layouts(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        GenericFormat(**HITS_OPTIONS, **options)
+        generic_format(HITS_OPTIONS, **options)
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.core.integrity import canonical_fields
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
 from sidecar.formats.milvus.rest import ERROR_MESSAGE, MilvusFormat
+from sidecar.formats.options import AdapterOptions
 from tests.fixtures.milvus_bodies import (
     FETCHES,
     SEARCHES,
@@ -36,7 +37,7 @@ from tests.fixtures.milvus_bodies import (
     row,
     search_body,
 )
-from tests.format_strategies import PROPERTIES, json_values
+from tests.format_strategies import PROPERTIES, adapter, json_values
 
 ACTIONS = SEARCHES + FETCHES
 
@@ -69,7 +70,9 @@ EXTRA = ["doc_id", "tags", "meta", "year"]
 
 
 def _parse(body: Body, action: str, fmt: MilvusFormat | None = None) -> ParsedBody:
-    return (fmt or MilvusFormat(releasable_fields=EXTRA)).parse(encode(body), route(action))
+    return (fmt or MilvusFormat(AdapterOptions(releasable_fields=EXTRA))).parse(
+        encode(body), route(action)
+    )
 
 
 def _kept(rows: Sequence[Row], keep: Collection[int], start: int = 0) -> list[Row]:
@@ -194,7 +197,7 @@ def test_name() -> None:
 )
 def test_invalid_options_name_the_option(kwargs: dict[str, Any], option: str) -> None:
     with pytest.raises(ValueError, match=option):
-        MilvusFormat(**kwargs)
+        adapter(MilvusFormat, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -240,7 +243,7 @@ def test_candidate_from_row(
 
 
 def test_candidate_from_named_fields() -> None:
-    fmt = MilvusFormat(text_field="chunk_text", id_field="chunk_id")
+    fmt = MilvusFormat(AdapterOptions(text_field="chunk_text", id_field="chunk_id"))
     hits = [{"pk": 1, "chunk_id": "c-1", "chunk_text": "b"}, {"pk": 2, "text": "x"}]
     parsed = _parse(query_body(hits), "get", fmt)
     assert parsed.candidates == (
@@ -250,7 +253,7 @@ def test_candidate_from_named_fields() -> None:
 
 
 def test_hashed_fields_reach_the_candidate_as_canonical_json() -> None:
-    fmt = MilvusFormat(hashed_fields=["title", "meta.source"])
+    fmt = MilvusFormat(AdapterOptions(hashed_fields=["title", "meta.source"]))
     hit = {"id": 7, "text": "t", "title": "T", "meta": {"source": "s", "page": 3}, "x": 1}
     (candidate,) = _parse(query_body([hit]), "query", fmt).candidates
     assert candidate == Candidate(
@@ -333,7 +336,7 @@ def test_undeclared_row_fields_are_dropped_and_declared_ones_kept() -> None:
         "embedding": [0.1],
         "other": "SECRET",
     }
-    fmt = MilvusFormat(hashed_fields=["title"], releasable_fields=["meta.source"])
+    fmt = MilvusFormat(AdapterOptions(hashed_fields=["title"], releasable_fields=["meta.source"]))
     out = fmt.parse(encode(search_body([[hit]])), route("search")).render({0})
     assert b"SECRET" not in out
     assert orjson.loads(out)["data"] == [
@@ -343,8 +346,8 @@ def test_undeclared_row_fields_are_dropped_and_declared_ones_kept() -> None:
 
 def test_the_primary_key_goes_out_only_as_the_id_field_or_declared() -> None:
     hit = {"pk": 44, "chunk_id": "c-1", "text": "t", "distance": 0.5}
-    plain = MilvusFormat(id_field="chunk_id")
-    declared = MilvusFormat(id_field="chunk_id", releasable_fields=["pk"])
+    plain = MilvusFormat(AdapterOptions(id_field="chunk_id"))
+    declared = MilvusFormat(AdapterOptions(id_field="chunk_id", releasable_fields=["pk"]))
     body = encode(search_body([[hit]]))
     assert orjson.loads(plain.parse(body, route("search")).render({0}))["data"] == [
         {"chunk_id": "c-1", "text": "t", "distance": 0.5}
@@ -477,7 +480,9 @@ def test_substitute_id_type_follows_the_key(old: Any, new: str, expected: Any) -
 
 
 def test_substitute_in_id_field_mode_drops_the_declared_primary_key() -> None:
-    fmt = MilvusFormat(text_field="chunk_text", id_field="chunk_id", releasable_fields=["id"])
+    fmt = MilvusFormat(
+        AdapterOptions(text_field="chunk_text", id_field="chunk_id", releasable_fields=["id"])
+    )
     hit = {"chunk_id": "sop-7-v2", "chunk_text": "rev 2", "distance": 0.3, "id": 44}
     parsed = fmt.parse(encode(search_body([[hit]])), route("search"))
     out = validate(

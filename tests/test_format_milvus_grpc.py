@@ -28,9 +28,10 @@ from sidecar.formats.base import MalformedBody
 from sidecar.formats.milvus.grpc import MilvusGrpcFormat
 from sidecar.formats.milvus.grpc_methods import KINDS
 from sidecar.formats.milvus.rest import ERROR_MESSAGE
+from sidecar.formats.options import AdapterOptions
 from tests.fixtures import milvus_grpc_bodies as mb
 from tests.fixtures.milvus_grpc_bodies import DT, Reply, column
-from tests.format_strategies import PROPERTIES, SLOW_PROPERTIES
+from tests.format_strategies import PROPERTIES, SLOW_PROPERTIES, adapter
 
 FMT = MilvusGrpcFormat()
 SERVICE = "milvus.proto.milvus.MilvusService"
@@ -178,7 +179,7 @@ def test_name_and_collections() -> None:
 )
 def test_invalid_options_name_the_option(kwargs: dict[str, Any], option: str) -> None:
     with pytest.raises(ValueError, match=option):
-        MilvusGrpcFormat(**kwargs)
+        adapter(MilvusGrpcFormat, **kwargs)
 
 
 def test_parse_refuses_a_method_it_does_not_filter() -> None:
@@ -225,7 +226,7 @@ def test_text_and_id_from_the_dynamic_field() -> None:
             is_dynamic=True,
         )
     ]
-    fmt = MilvusGrpcFormat(id_field="doc_id")
+    fmt = MilvusGrpcFormat(AdapterOptions(id_field="doc_id"))
     candidates = fmt.parse(reply.body(), mb.SEARCH).candidates
     assert (candidates[0].chunk_id, candidates[0].text) == ("7", "a")
     assert candidates[1].problem == "field 'doc_id' missing; field 'text' is not a string"
@@ -249,7 +250,7 @@ def test_hashed_fields_reach_the_candidate() -> None:
     reply = simple([1])
     reply.columns.append(column("doc", DT.JSON, [{"a": 1, "b": "x"}]))
     reply.columns.append(column("n", DT.Int64, [4]))
-    fmt = MilvusGrpcFormat(hashed_fields=["doc.a", "n"])
+    fmt = MilvusGrpcFormat(AdapterOptions(hashed_fields=["doc.a", "n"]))
     candidate = fmt.parse(reply.body(), mb.SEARCH).candidates[0]
     assert candidate.fields == canonical_fields({"doc.a": 1, "n": 4})
 
@@ -258,7 +259,7 @@ def test_a_null_hashed_field_is_hashed_as_null_and_an_absent_one_left_out() -> N
     reply = simple([1])
     reply.columns.append(column("n", DT.Int64, [None], nullable=True))
     reply.columns.append(column("$meta", DT.JSON, [{"k": None}], is_dynamic=True))
-    fmt = MilvusGrpcFormat(hashed_fields=["n", "k", "gone"])
+    fmt = MilvusGrpcFormat(AdapterOptions(hashed_fields=["n", "k", "gone"]))
     candidate = fmt.parse(reply.body(), mb.SEARCH).candidates[0]
     assert candidate.fields == canonical_fields({"n": None, "k": None})
 
@@ -266,7 +267,11 @@ def test_a_null_hashed_field_is_hashed_as_null_and_an_absent_one_left_out() -> N
 def test_a_hashed_binary_field_has_no_canonical_form() -> None:
     reply = simple([1])
     reply.columns.append(column("bin", DT.BinaryVector, [b"a"], dim=8))
-    candidate = MilvusGrpcFormat(hashed_fields=["bin"]).parse(reply.body(), mb.SEARCH).candidates
+    candidate = (
+        MilvusGrpcFormat(AdapterOptions(hashed_fields=["bin"]))
+        .parse(reply.body(), mb.SEARCH)
+        .candidates
+    )
     assert candidate[0].text is None
     assert candidate[0].problem == "hashed fields have no canonical form"
 
@@ -306,7 +311,9 @@ def test_columns_not_declared_are_dropped_and_declared_ones_kept() -> None:
         column("$meta", DT.JSON, [{"m": 1, "x": 2}, {"m": 3}], is_dynamic=True),
     ]
     reply.output_fields = ["text", "secret", "n", "m", "x"]
-    out = MilvusGrpcFormat(releasable_fields=["n", "m"]).parse(reply.body(), mb.SEARCH)
+    out = MilvusGrpcFormat(AdapterOptions(releasable_fields=["n", "m"])).parse(
+        reply.body(), mb.SEARCH
+    )
     rendered = out.render({1})
     assert [h["entity"] for h in mb.search_hits(rendered)[0]] == [{"text": "t2", "n": 20, "m": 3}]
     message = mb.search_message(rendered)
@@ -317,7 +324,7 @@ def test_columns_not_declared_are_dropped_and_declared_ones_kept() -> None:
 def test_json_fields_release_only_the_declared_paths() -> None:
     reply = simple([1])
     reply.columns.append(column("doc", DT.JSON, [{"a": {"b": 1, "c": 2}, "d": 3}]))
-    fmt = MilvusGrpcFormat(releasable_fields=["doc.a.b"])
+    fmt = MilvusGrpcFormat(AdapterOptions(releasable_fields=["doc.a.b"]))
     hits = mb.search_hits(fmt.parse(reply.body(), mb.SEARCH).render({0}))
     assert hits[0][0]["entity"]["doc"] == {"a": {"b": 1}}
 
@@ -325,7 +332,7 @@ def test_json_fields_release_only_the_declared_paths() -> None:
 def test_a_path_inside_a_released_path_goes_out_with_it() -> None:
     reply = simple([1])
     reply.columns.append(column("doc", DT.JSON, [{"a": 5, "z": 1}]))
-    fmt = MilvusGrpcFormat(releasable_fields=["doc.a", "doc.a.b"])
+    fmt = MilvusGrpcFormat(AdapterOptions(releasable_fields=["doc.a", "doc.a.b"]))
     hits = mb.search_hits(fmt.parse(reply.body(), mb.SEARCH).render({0}))
     assert hits[0][0]["entity"]["doc"] == {"a": 5}
 
@@ -450,7 +457,7 @@ def _cut_rows(columns: list[Any], keep: set[int], rows: int) -> list[dict[str, A
     pk = column("pk", DT.Int64, list(range(rows)))
     body = mb.query_body([pk, texts([str(i) for i in range(rows)]), *columns])
     releasable = [c.field_name for c in columns if not c.is_dynamic] + ["m"]
-    fmt = MilvusGrpcFormat(releasable_fields=releasable)
+    fmt = MilvusGrpcFormat(AdapterOptions(releasable_fields=releasable))
     parsed = fmt.parse(body, mb.QUERY)
     assert len(parsed.candidates) == rows
     return mb.query_rows(parsed.render(keep))
@@ -466,7 +473,7 @@ def test_nullable_scalars_keep_a_slot_per_row_and_nulls_are_placeholders() -> No
     data = column("s", DT.VarChar, ["a", None, "c"], nullable=True)
     data.scalars.string_data.data[1] = "hidden in a null slot"
     body = mb.query_body([column("pk", DT.Int64, [0, 1, 2]), texts(["x", "y", "z"]), data])
-    parsed = MilvusGrpcFormat(releasable_fields=["s"]).parse(body, mb.QUERY)
+    parsed = MilvusGrpcFormat(AdapterOptions(releasable_fields=["s"])).parse(body, mb.QUERY)
     out = mb.query_message(parsed.render({1, 2}))
     assert list(out.fields_data[2].scalars.string_data.data) == ["", "c"]
     assert list(out.fields_data[2].valid_data) == [False, True]
@@ -500,7 +507,9 @@ def test_sparse_dimension_is_that_of_the_rows_sent() -> None:
     body = mb.query_body(
         [pk, texts(["a", "b"]), column("sp", DT.SparseFloatVector, values, dim=31)]
     )
-    out = MilvusGrpcFormat(releasable_fields=["sp"]).parse(body, mb.QUERY).render({0})
+    out = (
+        MilvusGrpcFormat(AdapterOptions(releasable_fields=["sp"])).parse(body, mb.QUERY).render({0})
+    )
     assert mb.query_message(out).fields_data[2].vectors.sparse_float_vector.dim == 2
 
 
@@ -509,7 +518,11 @@ def test_dense_byte_vectors_keep_their_width() -> None:
     data.vectors.dim = 2
     data.vectors.float16_vector = bytes(range(12))
     body = mb.query_body([column("pk", DT.Int64, [0, 1, 2]), texts(["a", "b", "c"]), data])
-    out = MilvusGrpcFormat(releasable_fields=["h"]).parse(body, mb.QUERY).render({0, 2})
+    out = (
+        MilvusGrpcFormat(AdapterOptions(releasable_fields=["h"]))
+        .parse(body, mb.QUERY)
+        .render({0, 2})
+    )
     assert mb.query_message(out).fields_data[2].vectors.float16_vector == bytes(
         [0, 1, 2, 3, 8, 9, 10, 11]
     )
@@ -519,7 +532,7 @@ def test_a_vector_column_that_does_not_divide_is_malformed() -> None:
     data = column("v", DT.FloatVector, [[1.0, 2.0], [3.0, 4.0]], dim=3)
     body = mb.query_body([column("pk", DT.Int64, [0, 1]), texts(["a", "b"]), data])
     with pytest.raises(MalformedBody, match="divide"):
-        MilvusGrpcFormat(releasable_fields=["v"]).parse(body, mb.QUERY)
+        MilvusGrpcFormat(AdapterOptions(releasable_fields=["v"])).parse(body, mb.QUERY)
 
 
 def test_struct_array_columns_stay_aligned() -> None:
@@ -528,7 +541,9 @@ def test_struct_array_columns_stay_aligned() -> None:
         [column("x", DT.Array, [[1], [2, 2], [3]]), column("y", DT.Array, [[4], [5, 5], [6]])]
     )
     body = mb.query_body([column("pk", DT.Int64, [0, 1, 2]), texts(["a", "b", "c"]), data])
-    out = MilvusGrpcFormat(releasable_fields=["st"]).parse(body, mb.QUERY).render({1})
+    out = (
+        MilvusGrpcFormat(AdapterOptions(releasable_fields=["st"])).parse(body, mb.QUERY).render({1})
+    )
     fields = mb.query_message(out).fields_data[2].struct_arrays.fields
     assert [list(f.scalars.array_data.data[0].long_data.data) for f in fields] == [[2, 2], [5, 5]]
 
@@ -550,7 +565,7 @@ def test_group_by_values_highlights_and_element_indices_follow_the_rows() -> Non
         "element_indices": schema_pb2.LongArray(data=[7, 8, 9]),
         "distances": [0.1, 0.2, 0.3],
     }
-    fmt = MilvusGrpcFormat(releasable_fields=["g"])
+    fmt = MilvusGrpcFormat(AdapterOptions(releasable_fields=["g"]))
     parsed = fmt.parse(reply.body(), mb.SEARCH)
     out = parsed.render({0, 2}, None, {2: Replacement("33", "new")})
     results = mb.search_message(out).results
@@ -589,7 +604,7 @@ def test_a_substitute_takes_the_key_text_and_nulls_its_declared_fields() -> None
         column("m", DT.Int64, [5, 6]),
         column("$meta", DT.JSON, [{"d": 1}, {"d": 2}], is_dynamic=True),
     ]
-    fmt = MilvusGrpcFormat(releasable_fields=["n", "m", "d"])
+    fmt = MilvusGrpcFormat(AdapterOptions(releasable_fields=["n", "m", "d"]))
     out = fmt.parse(reply.body(), mb.SEARCH).render({0, 1}, None, {1: Replacement("9", "fresh")})
     hits = mb.search_hits(out)[0]
     assert hits[0] == {
@@ -607,7 +622,7 @@ def test_a_substitute_in_a_string_key_reply_and_in_id_field_mode() -> None:
     reply.columns.append(column("doc", DT.VarChar, ["d1", "d2"]))
     out = FMT.parse(reply.body(), mb.SEARCH).render({0}, None, {0: Replacement("z", "T")})
     assert mb.search_hits(out)[0][0]["pk"] == "z"
-    fmt = MilvusGrpcFormat(id_field="doc")
+    fmt = MilvusGrpcFormat(AdapterOptions(id_field="doc"))
     parsed = fmt.parse(reply.body(), mb.SEARCH)
     assert [c.chunk_id for c in parsed.candidates] == ["d1", "d2"]
     hit = mb.search_hits(parsed.render({1}, None, {1: Replacement("d9", "T")}))[0][0]
@@ -692,7 +707,7 @@ def test_property_search_release(case: tuple[Reply, list[dict[str, Any]]], data:
     total = len(rows)
     keep = data.draw(st.sets(st.integers(0, max(total - 1, 0))) if total else st.just(set()))
     limit = data.draw(st.none() | st.integers(0, 4))
-    fmt = MilvusGrpcFormat(releasable_fields=mb.RELEASABLE)
+    fmt = MilvusGrpcFormat(AdapterOptions(releasable_fields=mb.RELEASABLE))
     parsed = fmt.parse(reply.body(), mb.SEARCH)
     assert [c.chunk_id for c in parsed.candidates] == [str(k) for k in reply.ids]
     out = parsed.render(keep, [limit])
@@ -734,7 +749,7 @@ def test_property_query_release(rows: list[dict[str, Any]], data: Any) -> None:
     body = mb.query_body(mb.row_columns(rows, "pk", keys))
     keep = data.draw(st.sets(st.integers(0, max(len(rows) - 1, 0))) if rows else st.just(set()))
     limit = data.draw(st.none() | st.integers(0, 6))
-    parsed = MilvusGrpcFormat(releasable_fields=mb.RELEASABLE).parse(body, mb.QUERY)
+    parsed = MilvusGrpcFormat(AdapterOptions(releasable_fields=mb.RELEASABLE)).parse(body, mb.QUERY)
     assert [c.chunk_id for c in parsed.candidates] == [str(k) for k in keys]
     out = parsed.render(keep, [limit])
     expected = sorted(keep)[:limit]

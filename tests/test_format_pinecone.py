@@ -25,6 +25,7 @@ from pinecone._internal.adapters.vectors_adapter import VectorsAdapter
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.core.integrity import canonical_fields
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody
+from sidecar.formats.options import AdapterOptions
 from sidecar.formats.pinecone.rest import PineconeFormat
 from tests.fixtures.pinecone_bodies import (
     NAMESPACE,
@@ -39,7 +40,7 @@ from tests.fixtures.pinecone_bodies import (
     search_body,
     search_route,
 )
-from tests.format_strategies import PROPERTIES
+from tests.format_strategies import PROPERTIES, adapter
 
 SEARCH_ROUTE = search_route()
 
@@ -61,7 +62,9 @@ EXTRA = ["doc_id", "tags", "year", "draft", "title", "nested"]
 
 
 def _parse(body: Body, route: Route, fmt: PineconeFormat | None = None) -> ParsedBody:
-    return (fmt or PineconeFormat(releasable_fields=EXTRA)).parse(encode(body), route)
+    return (fmt or PineconeFormat(AdapterOptions(releasable_fields=EXTRA))).parse(
+        encode(body), route
+    )
 
 
 def _filtered(body: Body, route: Route, keep: Collection[int], **kwargs: Any) -> Body:
@@ -182,7 +185,7 @@ def test_name() -> None:
 )
 def test_invalid_options_name_the_option(kwargs: dict[str, Any], option: str) -> None:
     with pytest.raises(ValueError, match=option):
-        PineconeFormat(**kwargs)
+        adapter(PineconeFormat, **kwargs)
 
 
 @pytest.mark.parametrize("route", [Route("GET", "/vectors/fetch"), Route("GET", "/query")])
@@ -261,7 +264,7 @@ def test_query_candidate_from_hit_id(
 def test_search_candidate_from_fields(
     fields: Any, chunk_id: str | None, text: str | None, problem: str | None
 ) -> None:
-    fmt = PineconeFormat(text_field="body", id_field="chunk")
+    fmt = PineconeFormat(AdapterOptions(text_field="body", id_field="chunk"))
     hit = {"_id": "rec-9", "_score": 0.1, "fields": fields}
     parsed = _parse(search_body([hit]), SEARCH_ROUTE, fmt)
     assert parsed.candidates == (Candidate(0, chunk_id, text, problem),)
@@ -373,7 +376,7 @@ def test_undeclared_metadata_is_dropped_and_declared_metadata_kept() -> None:
         "v1", "t", score=0.2, title="T", source={"url": "u", "secret": "SECRET"}, x="SECRET"
     )
     hit["extra-key"] = "SECRET"
-    fmt = PineconeFormat(hashed_fields=["title"], releasable_fields=["source.url"])
+    fmt = PineconeFormat(AdapterOptions(hashed_fields=["title"], releasable_fields=["source.url"]))
     out = fmt.parse(encode(query_body([hit])), QUERY_ROUTE).render({0})
     assert b"SECRET" not in out
     (sent,) = validate(out, QUERY_ROUTE)["matches"]
@@ -397,7 +400,7 @@ def test_record_fields_are_projected_too() -> None:
 
 def test_hashed_metadata_reaches_the_candidate() -> None:
     hit = match("v1", "t", title="T", n=1)
-    fmt = PineconeFormat(hashed_fields=["title", "missing"])
+    fmt = PineconeFormat(AdapterOptions(hashed_fields=["title", "missing"]))
     (candidate,) = fmt.parse(encode(query_body([hit])), QUERY_ROUTE).candidates
     assert candidate.fields == canonical_fields({"title": "T"})
 
@@ -481,7 +484,7 @@ def test_query_substitute_replaces_id_and_text_and_keeps_the_hits_own_keys() -> 
 
 def test_query_substitute_in_id_field_mode() -> None:
     hit = match("vec-7", "old", chunk_id="sop-7-v2", doc="SOP-7")
-    fmt = PineconeFormat(id_field="chunk_id", releasable_fields=["doc"])
+    fmt = PineconeFormat(AdapterOptions(id_field="chunk_id", releasable_fields=["doc"]))
     parsed = fmt.parse(encode(query_body([hit])), QUERY_ROUTE)
     out = validate(
         parsed.render({0}, replacements={0: Replacement("sop-7-v3", "rev 3")}), QUERY_ROUTE

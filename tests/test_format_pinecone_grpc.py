@@ -25,8 +25,9 @@ from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.core.integrity import canonical_fields
 from sidecar.formats import grpc_adapter, grpc_frames, grpc_messages
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody
+from sidecar.formats.options import AdapterOptions
 from sidecar.formats.pinecone.grpc import PineconeGrpcFormat
-from tests.format_strategies import PROPERTIES
+from tests.format_strategies import PROPERTIES, adapter
 
 QUERY = Route("POST", "/VectorService/Query")
 FETCH = Route("POST", "/VectorService/Fetch")
@@ -137,7 +138,7 @@ MATCHES = [
     scored("doc-4#0", "epsilon", score=0.125),
 ]
 EXTRA = ["doc_id", "tags", "year", "draft"]
-FMT = PineconeGrpcFormat(releasable_fields=EXTRA)
+FMT = PineconeGrpcFormat(AdapterOptions(releasable_fields=EXTRA))
 
 
 def _ids(matches: Any) -> list[str]:
@@ -232,7 +233,7 @@ def test_name_and_collections() -> None:
 )
 def test_invalid_options_name_the_option(kwargs: dict[str, Any], option: str) -> None:
     with pytest.raises(ValueError, match=option):
-        PineconeGrpcFormat(**kwargs)
+        adapter(PineconeGrpcFormat, **kwargs)
 
 
 @pytest.mark.parametrize("name", ["List", "DescribeIndexStats", "FetchByMetadata", "Upsert"])
@@ -295,7 +296,7 @@ def test_query_candidate(
     ],
 )
 def test_candidate_from_id_field(value: Any, chunk_id: str | None, problem: str | None) -> None:
-    fmt = PineconeGrpcFormat(text_field="body", id_field="chunk")
+    fmt = PineconeGrpcFormat(AdapterOptions(text_field="body", id_field="chunk"))
     hit = scored("vec-9", None, body="b", chunk=value)
     assert fmt.parse(framed(query_reply([hit])), QUERY).candidates == (
         Candidate(0, chunk_id, "b", problem),
@@ -304,7 +305,9 @@ def test_candidate_from_id_field(value: Any, chunk_id: str | None, problem: str 
 
 def test_hashed_metadata_reaches_the_candidate_as_the_rest_api_writes_it() -> None:
     hit = scored("v1", "t", title="T", year=2019, ratio=0.5, big=2.0**60)
-    fmt = PineconeGrpcFormat(hashed_fields=["title", "year", "ratio", "big", "missing"])
+    fmt = PineconeGrpcFormat(
+        AdapterOptions(hashed_fields=["title", "year", "ratio", "big", "missing"])
+    )
     (candidate,) = fmt.parse(framed(query_reply([hit])), QUERY).candidates
     assert candidate.fields == canonical_fields(
         {"title": "T", "year": 2019, "ratio": 0.5, "big": 2.0**60}
@@ -385,7 +388,9 @@ def test_undeclared_metadata_is_dropped_and_declared_metadata_kept() -> None:
     hit = scored(
         "v1", "t", score=0.25, title="T", source={"url": "u", "secret": "SECRET"}, x="SECRET"
     )
-    fmt = PineconeGrpcFormat(hashed_fields=["title"], releasable_fields=["source.url"])
+    fmt = PineconeGrpcFormat(
+        AdapterOptions(hashed_fields=["title"], releasable_fields=["source.url"])
+    )
     out = fmt.parse(framed(query_reply([hit])), QUERY).render({0})
     assert b"SECRET" not in out
     (sent,) = decoded(out).matches
@@ -487,7 +492,7 @@ def test_query_substitute_replaces_id_and_text_and_keeps_the_hits_own_fields() -
 
 def test_query_substitute_in_id_field_mode() -> None:
     hit = scored("vec-7", "old", chunk_id="sop-7-v2", doc="SOP-7")
-    fmt = PineconeGrpcFormat(id_field="chunk_id", releasable_fields=["doc"])
+    fmt = PineconeGrpcFormat(AdapterOptions(id_field="chunk_id", releasable_fields=["doc"]))
     parsed = fmt.parse(framed(query_reply([hit])), QUERY)
     (sent,) = decoded(
         parsed.render({0}, replacements={0: Replacement("sop-7-v3", "rev 3")})
@@ -637,7 +642,7 @@ def test_property_query_release(
 ) -> None:
     reply = query_reply(matches, results=[(entry, f"ns{i}") for i, entry in enumerate(legacy)])
     released_keys = set(data.draw(st.lists(st.text(alphabet="abx", min_size=1, max_size=3))))
-    fmt = PineconeGrpcFormat(releasable_fields=sorted(released_keys))
+    fmt = PineconeGrpcFormat(AdapterOptions(releasable_fields=sorted(released_keys)))
     parsed = fmt.parse(framed(reply), QUERY)
     every = [hit for entry in legacy for hit in entry] + matches
     assert [c.chunk_id for c in parsed.candidates] == [hit.id for hit in every]

@@ -20,6 +20,7 @@ from qdrant_client.http import models
 
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.formats.base import SUBSTITUTED_FOR, AbsentAnswer, MalformedBody, ParsedBody
+from sidecar.formats.options import AdapterOptions
 from sidecar.formats.qdrant.rest import QdrantFormat
 from tests.fixtures.qdrant_bodies import (
     BUILDERS,
@@ -354,7 +355,7 @@ def test_scroll_cursor_after_the_largest_uuid_ends_the_scroll() -> None:
 
 
 def test_declared_payload_fields_go_out_and_nothing_else() -> None:
-    fmt = QdrantFormat(hashed_fields=["title"], releasable_fields=["meta.page"])
+    fmt = QdrantFormat(AdapterOptions(hashed_fields=["title"], releasable_fields=["meta.page"]))
     hit = point(1, "alpha", title="T", meta={"page": 3, "secret": "x"}, other="y")
     hit["shard_key"] = "s1"
     hit["x-extra"] = 1
@@ -626,7 +627,7 @@ def test_candidate_from_point_id(
 def test_candidate_from_payload_fields(
     payload: dict[str, Any] | None, chunk_id: str | None, text: str | None, problem: str | None
 ) -> None:
-    fmt = QdrantFormat(text_field="body", id_field="chunk")
+    fmt = QdrantFormat(AdapterOptions(text_field="body", id_field="chunk"))
     parsed = _parse(search_body([_hit(id=99, payload=payload)]), "search", fmt)
     assert parsed.candidates == (Candidate(0, chunk_id, text, problem),)
 
@@ -754,7 +755,9 @@ def test_property_groups_with_lookups(
 
 def test_a_substitute_goes_out_without_the_replaced_documents_fields() -> None:
     # Title and page describe the superseded document and were checked against its record.
-    fmt = QdrantFormat(hashed_fields=["title"], releasable_fields=["meta.page", "meta.lang"])
+    fmt = QdrantFormat(
+        AdapterOptions(hashed_fields=["title"], releasable_fields=["meta.page", "meta.lang"])
+    )
     hit = point(1, "old text", title="Old SOP", meta={"page": 3, "lang": "en"})
     parsed = fmt.parse(encode(search_body([hit])), route("search"))
     out = parsed.render({0}, replacements={0: Replacement("2", "new text")})

@@ -25,6 +25,7 @@ from sidecar.core.hits import Replacement, Route, RouteKind
 from sidecar.formats import grpc_messages
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody
 from sidecar.formats.grpc_frames import frame
+from sidecar.formats.options import AdapterOptions
 from sidecar.formats.qdrant.grpc import QdrantGrpcFormat, fill_value, point_id, python_value
 from sidecar.formats.qdrant.rest import QdrantFormat, next_offset_after
 from tests.fixtures.qdrant_grpc_upstream import (
@@ -36,7 +37,7 @@ from tests.fixtures.qdrant_grpc_upstream import (
     scored,
     unframed,
 )
-from tests.format_strategies import PROPERTIES
+from tests.format_strategies import PROPERTIES, adapter
 
 # JSON values as Qdrant's payloads hold them: integers are int64.
 payload_values = st.recursive(
@@ -302,14 +303,14 @@ def test_unusable_points_are_candidates_with_a_problem(point: Any, problem: str)
 
 
 def test_id_field_and_text_field_options() -> None:
-    fmt = QdrantGrpcFormat(text_field="body", id_field="chunk")
+    fmt = QdrantGrpcFormat(AdapterOptions(text_field="body", id_field="chunk"))
     point = q.ScoredPoint(id=q.PointId(num=9), payload=payload({"body": "b", "chunk": "c-1"}))
     (candidate,) = fmt.parse(framed(q.QueryResponse(result=[point])), route("Query")).candidates
     assert (candidate.chunk_id, candidate.text) == ("c-1", "b")
     with pytest.raises(ValueError):
-        QdrantGrpcFormat(text_field="")
+        QdrantGrpcFormat(AdapterOptions(text_field=""))
     with pytest.raises(ValueError):
-        QdrantGrpcFormat(id_field="")
+        QdrantGrpcFormat(AdapterOptions(id_field=""))
 
 
 def test_problems_never_contain_payload_values() -> None:
@@ -353,7 +354,7 @@ def test_everything_but_the_points_own_fields_and_declared_payload_is_dropped() 
     reply = q.QueryResponse(
         result=[point], time=0.5, usage=q.Usage(hardware=q.HardwareUsage(cpu=100))
     )
-    fmt = QdrantGrpcFormat(releasable_fields=["doc_id"])
+    fmt = QdrantGrpcFormat(AdapterOptions(releasable_fields=["doc_id"]))
     out = unframed(q.QueryResponse, fmt.parse(framed(reply), route("Query")).render({0}))
     expected = q.ScoredPoint()
     expected.CopyFrom(point)
@@ -477,7 +478,7 @@ def test_scroll_cursor_is_just_after_the_last_released_point(
 
 def test_a_substitute_takes_the_replaced_points_place() -> None:
     reply = q.QueryResponse(result=[scored(1, "old", score=0.9, doc_id="d", other="o")])
-    fmt = QdrantGrpcFormat(releasable_fields=["doc_id"])
+    fmt = QdrantGrpcFormat(AdapterOptions(releasable_fields=["doc_id"]))
     parsed = fmt.parse(framed(reply), route("Query"))
     out = unframed(
         q.QueryResponse, parsed.render({0}, replacements={0: Replacement("77", "new text")})
@@ -736,7 +737,7 @@ def test_property_candidates_are_the_rest_adapters_for_the_same_points(
 ) -> None:
     options: dict[str, Any] = {"hashed_fields": ["a", "b"], "releasable_fields": ["c"]}
     grpc_points = [scored(pid, text, **fields) for pid, text, fields in points]
-    ours = QdrantGrpcFormat(**options).parse(
+    ours = adapter(QdrantGrpcFormat, **options).parse(
         framed(q.QueryResponse(result=grpc_points)), route("Query")
     )
     rest_body = {
@@ -747,7 +748,7 @@ def test_property_candidates_are_the_rest_adapters_for_the_same_points(
         },
         "status": "ok",
     }
-    rest = QdrantFormat(**options).parse(
+    rest = adapter(QdrantFormat, **options).parse(
         orjson.dumps(rest_body), Route("POST", "/collections/c/points/query")
     )
     assert ours.candidates == rest.candidates

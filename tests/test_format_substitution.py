@@ -6,6 +6,7 @@ import orjson
 
 from sidecar.core.hits import Replacement
 from sidecar.formats.base import SUBSTITUTED_FOR
+from sidecar.formats.options import AdapterOptions
 from sidecar.formats.qdrant.rest import QdrantFormat
 from tests.fixtures import qdrant_bodies as qb
 from tests.test_format_qdrant import RESPONSE_MODELS
@@ -25,7 +26,7 @@ def test_point_id_mode_replaces_id_and_text_and_keeps_the_rest() -> None:
 def test_payload_id_mode_replaces_the_id_field() -> None:
     uuid = "0b2f7e6c-9a59-4cde-8a7e-3c1c5d1c6a01"
     body = qb.encode(qb.query_body([qb.point(uuid, "old", chunk_id="sop-7-v2", doc="SOP-7")]))
-    parsed = QdrantFormat(id_field="chunk_id").parse(body, qb.route("query"))
+    parsed = QdrantFormat(AdapterOptions(id_field="chunk_id")).parse(body, qb.route("query"))
     out = parsed.render({0}, replacements={0: Replacement("sop-7-v3", "rev 3")})
     RESPONSE_MODELS["query"].model_validate_json(out)
     (hit,) = orjson.loads(out)["result"]["points"]

@@ -34,6 +34,7 @@ from weaviate.collections.classes.internal import _RawGQLReturn
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.core.integrity import canonical_fields
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ParsedBody, Unreleasable
+from sidecar.formats.options import AdapterOptions
 from sidecar.formats.weaviate.rest import WeaviateFormat
 from sidecar.formats.weaviate.rest_body import GENERATIVE_WITHHELD, UPSTREAM_ERROR
 from tests.fixtures.weaviate_bodies import (
@@ -58,7 +59,7 @@ from tests.fixtures.weaviate_bodies import (
     references_body,
     route,
 )
-from tests.format_strategies import PROPERTIES
+from tests.format_strategies import PROPERTIES, adapter
 
 # -- validation ------------------------------------------------------------------
 
@@ -178,7 +179,7 @@ RELEASABLE = [
 
 def weaviate(**options: Any) -> WeaviateFormat:
     """The adapter with the test objects' properties releasable."""
-    return WeaviateFormat(releasable_fields=RELEASABLE, **options)
+    return adapter(WeaviateFormat, releasable_fields=RELEASABLE, **options)
 
 
 def _parse(body: Body | list[Body], fmt: WeaviateFormat | None = None) -> ParsedBody:
@@ -335,7 +336,7 @@ def test_name() -> None:
 )
 def test_invalid_options(options: dict[str, Any], named: str) -> None:
     with pytest.raises(ValueError, match=named):
-        WeaviateFormat(**options)
+        adapter(WeaviateFormat, **options)
 
 
 @pytest.mark.parametrize(
@@ -523,7 +524,7 @@ def test_candidate_from_object(
 def test_candidate_from_properties(
     obj: Obj, chunk_id: str | None, text: str | None, problem: str | None
 ) -> None:
-    fmt = WeaviateFormat(text_field="body", id_field="chunk_id")
+    fmt = WeaviateFormat(AdapterOptions(text_field="body", id_field="chunk_id"))
     assert _parse(get_body({"Chunk": [obj]}), fmt).candidates == (
         Candidate(0, chunk_id, text, problem),
     )
@@ -547,14 +548,14 @@ def test_undeclared_properties_are_dropped() -> None:
 
 def test_id_property_and_typename_go_out_undeclared() -> None:
     obj = {"__typename": "Chunk", "chunk_id": "c-1", "text": "t", "secret": "SECRET"}
-    fmt = WeaviateFormat(id_field="chunk_id")
+    fmt = WeaviateFormat(AdapterOptions(id_field="chunk_id"))
     out = _filtered(get_body({"Chunk": [obj]}), {0}, fmt)
     assert out["data"]["Get"]["Chunk"] == [{"__typename": "Chunk", "chunk_id": "c-1", "text": "t"}]
 
 
 def test_hashed_properties_reach_the_candidate_and_go_out() -> None:
     objs = [hit(U, "t", title="T", secret="SECRET"), hit(UUIDS[1], "u")]
-    fmt = WeaviateFormat(hashed_fields=["title", "meta.source"])
+    fmt = WeaviateFormat(AdapterOptions(hashed_fields=["title", "meta.source"]))
     parsed = _parse(get_body({"Chunk": objs}), fmt)
     assert [c.fields for c in parsed.candidates] == [
         canonical_fields({"title": "T"}),
@@ -596,7 +597,7 @@ def test_additional_keeps_only_known_safe_keys() -> None:
 
 def test_a_substitute_loses_its_declared_properties_references_too() -> None:
     body = references_body()
-    fmt = WeaviateFormat(releasable_fields=["tags", "ofDocument"])
+    fmt = WeaviateFormat(AdapterOptions(releasable_fields=["tags", "ofDocument"]))
     parsed = _parse(body, fmt)
     out = orjson.loads(parsed.render({0, 1, 2}, None, {0: Replacement(UUIDS[50], "new")}))
     (first, _) = out["data"]["Get"]["Chunk"]
@@ -606,7 +607,7 @@ def test_a_substitute_loses_its_declared_properties_references_too() -> None:
 def test_undeclared_reference_properties_are_dropped_empty_or_not() -> None:
     # Present-but-emptied against absent would tell that a reference was removed.
     body = references_body()
-    fmt = WeaviateFormat(releasable_fields=["tags"])
+    fmt = WeaviateFormat(AdapterOptions(releasable_fields=["tags"]))
     for keep in (set(), {1}, {3, 4}):
         out = _filtered(body, {0, 2, *keep}, fmt)
         first, second = out["data"]["Get"]["Chunk"]
@@ -619,7 +620,7 @@ def test_grouped_by_value_goes_out_only_for_a_released_property() -> None:
     out = _filtered(body, range(6), WeaviateFormat())
     groups = [o["_additional"]["group"] for o in out["data"]["Get"]["Chunk"]]
     assert [g["groupedBy"] for g in groups] == [{"path": ["doc_id"], "value": None}] * 3
-    out = _filtered(body, range(6), WeaviateFormat(releasable_fields=["doc_id"]))
+    out = _filtered(body, range(6), WeaviateFormat(AdapterOptions(releasable_fields=["doc_id"])))
     groups = [o["_additional"]["group"] for o in out["data"]["Get"]["Chunk"]]
     assert [g["groupedBy"]["value"] for g in groups] == ["a", "b", "c"]
 
@@ -1068,7 +1069,7 @@ def _grouped(draw: st.DrawFn) -> list[tuple[str, list[Obj]]]:
 @given(groups=_grouped(), data=st.data())
 def test_property_groups(groups: list[tuple[str, list[Obj]]], data: st.DataObject) -> None:
     body = get_body({"Chunk": [group_object(group(i, v, h)) for i, (v, h) in enumerate(groups)]})
-    fmt = WeaviateFormat(releasable_fields=["doc_id"])
+    fmt = WeaviateFormat(AdapterOptions(releasable_fields=["doc_id"]))
     parsed = _parse(body, fmt)
     count = sum(len(h) for _, h in groups)
     assert len(parsed.candidates) == count

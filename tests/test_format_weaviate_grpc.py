@@ -36,7 +36,7 @@ from sidecar.formats import grpc_frames, grpc_messages
 from sidecar.formats.base import MalformedBody, Unreleasable
 from sidecar.formats.weaviate.grpc import WeaviateGrpcFormat
 from sidecar.formats.weaviate.grpc_reply import WITHHELD_GROUP_NAME
-from tests.format_strategies import PROPERTIES
+from tests.format_strategies import PROPERTIES, adapter
 
 SEARCH = Route("POST", "/weaviate.v1.Weaviate/Search")
 COLLECTION = "Docs"
@@ -172,7 +172,7 @@ def ids(body: bytes) -> list[uuid.UUID]:
 
 
 def parse(reply: Any, **options: Any) -> Any:
-    return WeaviateGrpcFormat(**options).parse(framed(reply), SEARCH)
+    return adapter(WeaviateGrpcFormat, **options).parse(framed(reply), SEARCH)
 
 
 PLAIN = SearchReply(took=0.25, results=[result(n, distance=n / 10) for n in range(4)])
@@ -281,7 +281,7 @@ def test_name_and_collections() -> None:
 )
 def test_invalid_options_name_the_option(kwargs: dict[str, Any], option: str) -> None:
     with pytest.raises(ValueError, match=option):
-        WeaviateGrpcFormat(**kwargs)
+        adapter(WeaviateGrpcFormat, **kwargs)
 
 
 @pytest.mark.parametrize("method", ["Aggregate", "TenantsGet", "BatchObjects"])

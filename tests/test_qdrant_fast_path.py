@@ -20,6 +20,7 @@ from sidecar.formats.base import MalformedBody
 from sidecar.formats.elasticsearch.rest import ElasticsearchFormat
 from sidecar.formats.hits import Field, HitLayout, Hits
 from sidecar.formats.milvus.rest import MilvusFormat
+from sidecar.formats.options import AdapterOptions
 from sidecar.formats.qdrant.rest import QdrantFormat
 from tests.format_strategies import PROPERTIES
 
@@ -62,9 +63,9 @@ def _layouts(id_field: str | None) -> list[HitLayout]:
     point id), both in one object (a payload id field), both in the hit (Milvus);
     and one it does not take (a nested id)."""
     return [
-        QdrantFormat(id_field=id_field)._layout,
-        ElasticsearchFormat(text_field="text", id_field=id_field)._layout,
-        MilvusFormat(id_field=id_field or "doc_id")._layout,
+        QdrantFormat(AdapterOptions(id_field=id_field))._layout,
+        ElasticsearchFormat(AdapterOptions(text_field="text", id_field=id_field))._layout,
+        MilvusFormat(AdapterOptions(id_field=id_field or "doc_id"))._layout,
         HitLayout("hit", Field(("payload", "chunk"), "nested id"), Field(("text",), "text"), None),
     ]
 

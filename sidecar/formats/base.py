@@ -30,7 +30,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeAlias, TypeVar
 
 import orjson
 
@@ -92,15 +92,18 @@ class UnfilterableRequest(MalformedRequest):
     code = NOT_FILTERABLE
 
 
+# What ``ParsedBody.render`` takes: at most so many kept hits per sub-result
+# (None: all of them), and the chunks that take kept hits' places.
+RenderLimits: TypeAlias = Sequence[int | None] | None
+Replacements: TypeAlias = Mapping[int, Replacement] | None
+
+
 class ParsedBody(Protocol):
     @property
     def candidates(self) -> Sequence[Candidate]: ...
 
     def render(
-        self,
-        keep: Collection[int],
-        limits: Sequence[int | None] | None = None,
-        replacements: Mapping[int, Replacement] | None = None,
+        self, keep: Collection[int], limits: RenderLimits = None, replacements: Replacements = None
     ) -> bytes:
         """Serialise the body with only the hits whose position is in ``keep``.
 
@@ -119,9 +122,7 @@ class ParsedBody(Protocol):
         """
         ...
 
-    def released_positions(
-        self, keep: Collection[int], limits: Sequence[int | None] | None = None
-    ) -> list[int]:
+    def released_positions(self, keep: Collection[int], limits: RenderLimits = None) -> list[int]:
         """The positions ``render(keep, limits)`` sends, in body order."""
         ...
 
@@ -266,6 +267,9 @@ class ResponseAdapter(RequestCapabilities, ABC, Generic[ShapeT]):
     """A ResponseFormat: ``parse`` is shared, the database's shapes are the subclass's."""
 
     name: str  # short and stable: the ``format`` metric label
+    # The ``AdapterOptions`` (``formats.options``) the adapter does not read, so
+    # that the settings refuse them as unknown options.
+    options_not_taken: ClassVar[frozenset[str]] = frozenset()
 
     @abstractmethod
     def route_kind(self, route: Route) -> RouteKind | None:
@@ -323,26 +327,6 @@ def load_object(body: bytes) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise MalformedBody("top level is not a JSON object")
     return document
-
-
-def text_field_option(value: object) -> str:
-    """The ``text_field`` option, checked: a non-empty string."""
-    if not isinstance(value, str) or not value:
-        raise ValueError("text_field must be a non-empty string")
-    return value
-
-
-def id_field_option(value: object, text_field: str | None = None) -> str | None:
-    """The ``id_field`` option, checked: a non-empty string, or None for the hit's own id.
-
-    With ``text_field``, for adapters that keep both in the same object, the
-    two must differ.
-    """
-    if value is not None and (not isinstance(value, str) or not value):
-        raise ValueError("id_field must be a non-empty string, or unset for the hit's own id")
-    if value is not None and value == text_field:
-        raise ValueError("id_field must differ from text_field")
-    return value
 
 
 # Where a key of the text ends: its closing quote, optional whitespace, a colon.

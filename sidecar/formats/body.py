@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from sidecar.core.hits import Candidate, Replacement
-from sidecar.formats.base import MalformedBody
+from sidecar.formats.base import MalformedBody, RenderLimits, Replacements
 from sidecar.formats.hits import HitLayout, Hits
 
 Limits = tuple[int | None, ...]
@@ -105,10 +105,7 @@ class HitBody(ABC):
         self._layout = hits.layout
 
     def render(
-        self,
-        keep: Collection[int],
-        limits: Sequence[int | None] | None = None,
-        replacements: Mapping[int, Replacement] | None = None,
+        self, keep: Collection[int], limits: RenderLimits = None, replacements: Replacements = None
     ) -> bytes:
         """Serialise the body with only the hits whose position is in ``keep``.
 
@@ -128,9 +125,7 @@ class HitBody(ABC):
         """The bytes of a rebuilt document: JSON, unless the adapter's bodies are not."""
         return orjson.dumps(document)
 
-    def released_positions(
-        self, keep: Collection[int], limits: Sequence[int | None] | None = None
-    ) -> list[int]:
+    def released_positions(self, keep: Collection[int], limits: RenderLimits = None) -> list[int]:
         """The positions ``render(keep, limits)`` sends, in body order."""
         selection = self._selection(keep, limits, None)
         last = self._last_release
@@ -155,8 +150,8 @@ class HitBody(ABC):
     def _selection(
         self,
         keep: Collection[int],
-        limits: Sequence[int | None] | None,
-        replacements: Mapping[int, Replacement] | None,
+        limits: RenderLimits,
+        replacements: Replacements,
     ) -> Selection:
         return Selection(
             frozenset(keep),
@@ -166,7 +161,7 @@ class HitBody(ABC):
             self._layout.released,
         )
 
-    def _checked_limits(self, limits: Sequence[int | None] | None) -> Limits:
+    def _checked_limits(self, limits: RenderLimits) -> Limits:
         count = self.sub_results
         if count is None:
             # Formats without a request rewriter never over-fetch.

@@ -9,9 +9,10 @@ name, filtered replies decoded by the method's reply message.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from google.protobuf.message import Message
 
@@ -19,6 +20,8 @@ from sidecar.core.hits import Route, RouteKind
 from sidecar.formats import grpc_frames, grpc_messages
 from sidecar.formats.base import MalformedBody, MalformedRequest, ResponseAdapter
 from sidecar.formats.body import HitBody, Selection
+from sidecar.formats.hits import HitLayout
+from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
 
 
 def grpc_method(route: Route, service: str) -> str | None:
@@ -142,3 +145,30 @@ class GrpcAdapter(ResponseAdapter[str]):
 
     def _load(self, body: bytes, shape: str) -> tuple[bytes, Any]:
         return body, decode_unary(body, self.replies[shape])
+
+
+class RestTwin(Protocol):
+    """A REST adapter whose hits a gRPC adapter reads as it does."""
+
+    text_field: str
+    id_field: str | None
+
+    @property
+    def twin_layout(self) -> HitLayout:
+        """How the gRPC twin reads and releases a hit: as the JSON hit it stands for."""
+        ...
+
+
+class TwinGrpcAdapter(GrpcAdapter):
+    """A ``GrpcAdapter`` whose hits are read and released as its REST ``twin`` reads
+    the JSON hits they stand for: the twin's options, with the same meaning."""
+
+    def __init__(self, options: AdapterOptions = DEFAULT_OPTIONS) -> None:
+        """``options`` as the REST twin takes them, read by it."""
+        rest = self._twin(options)
+        self.text_field, self.id_field = rest.text_field, rest.id_field
+        self._layout = rest.twin_layout
+
+    @abstractmethod
+    def _twin(self, options: AdapterOptions) -> RestTwin:
+        """The REST twin, built with ``options``."""

@@ -14,12 +14,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from sidecar.core.hits import Route, RouteKind, path_under
-from sidecar.formats.base import ResponseFormat
+from sidecar.formats.base import ResponseAdapter, ResponseFormat
 from sidecar.formats.chroma.rest import ChromaFormat
 from sidecar.formats.elasticsearch.rest import ElasticsearchFormat
 from sidecar.formats.generic.rest import GenericFormat
 from sidecar.formats.milvus.grpc import MilvusGrpcFormat
 from sidecar.formats.milvus.rest import MilvusFormat
+from sidecar.formats.options import OPTION_NAMES, split_table
 from sidecar.formats.pinecone.grpc import PineconeGrpcFormat
 from sidecar.formats.pinecone.rest import PineconeFormat
 from sidecar.formats.qdrant.grpc import QdrantGrpcFormat
@@ -31,7 +32,7 @@ from sidecar.formats.weaviate.rest import WeaviateFormat
 # routes; Elasticsearch's ``/{index}/_...`` routes are the loosest, so last.
 # The gRPC adapters' routes are their services' method paths
 # (``/qdrant.Points/Query``), which no REST route looks like.
-BUILT_IN: Final[Mapping[str, Callable[..., ResponseFormat]]] = {
+BUILT_IN: Final[Mapping[str, type[ResponseAdapter[Any]]]] = {
     "qdrant": QdrantFormat,
     "qdrant_grpc": QdrantGrpcFormat,
     "chroma": ChromaFormat,
@@ -244,23 +245,22 @@ def _enabled(name: str, table: dict[str, Any]) -> bool:
 
 def _make(
     name: str,
-    factory: Callable[..., ResponseFormat],
+    factory: type[ResponseAdapter[Any]],
     table: Mapping[str, Any],
     defaults: Mapping[str, Any],
 ) -> ResponseFormat:
     """The adapter, given the defaults of the options it takes and its own table."""
-    known = _parameters(factory)
-    arguments = {**{k: v for k, v in defaults.items() if k in known}, **table}
+    # Its own options are its keywords; ``options`` is no option's name.
+    own = set(inspect.signature(factory).parameters) - {"options"}
+    unknown = sorted(set(table) - (OPTION_NAMES - factory.options_not_taken) - own)
+    if unknown:
+        raise ValueError(f"formats.{name}: unknown option {unknown[0]!r}")
     try:
-        return factory(**arguments)
+        options, rest = split_table(table, factory.options_not_taken, defaults)
+        build: Callable[..., ResponseFormat] = factory  # an adapter class, not the abstract base
+        return build(options, **rest)
     except TypeError as exc:
-        # An unknown keyword: name the option, not Python's message.
-        unknown = sorted(set(arguments) - set(known))
-        problem = f"unknown option {unknown[0]!r}" if unknown else str(exc)
-        raise ValueError(f"formats.{name}: {problem}") from None
+        # A required option is missing: Python's message names it.
+        raise ValueError(f"formats.{name}: {exc}") from None
     except ValueError as exc:
         raise ValueError(f"formats.{name}: {exc}") from None
-
-
-def _parameters(factory: Callable[..., ResponseFormat]) -> list[str]:
-    return list(inspect.signature(factory).parameters)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from sidecar.core.hits import Replacement, Route, RouteKind
-from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ResponseAdapter, id_field_option
+from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ResponseAdapter
 from sidecar.formats.body import HitBody, Selection
 from sidecar.formats.chroma.rest_request import ChromaRequests, collection_endpoint
 from sidecar.formats.hits import (
@@ -48,6 +48,7 @@ from sidecar.formats.hits import (
     usable_id,
     usable_text,
 )
+from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
 
 _C, _F, _R, _W = RouteKind.CONTENT, RouteKind.FILTERED, RouteKind.READ, RouteKind.WRITE
 _NAME: Final = "{}"  # a path segment that names something: tenant, database, collection ...
@@ -294,23 +295,15 @@ class ChromaFormat(ResponseAdapter[_Shape], ChromaRequests):
     rewrites their requests."""
 
     name = "chroma"
+    # The text is a record's document, a column of its own.
+    options_not_taken = frozenset({"text_field"})
 
-    def __init__(
-        self,
-        *,
-        id_field: str | None = None,
-        hashed_fields: list[str] | None = None,
-        releasable_fields: list[str] | None = None,
-    ) -> None:
-        """``hashed_fields`` and ``releasable_fields`` name the metadata fields (dotted
-        paths) that go out beside the document and id: checked against the chunk
-        record's ``payload_sha256``, or unverified. Every other metadata field is dropped."""
-        self.id_field = id_field_option(id_field)
-        fields = ReleasedFields.from_options(hashed_fields, releasable_fields)
-        if self.id_field is None:
-            chunk_id = Field(("ids",), "id")
-        else:
-            chunk_id = Field((self.id_field,), f"metadata field {self.id_field!r}", "metadatas")
+    def __init__(self, options: AdapterOptions = DEFAULT_OPTIONS) -> None:
+        """The id (None: the record id) and the released fields are metadata fields;
+        every other metadata field is dropped."""
+        self.id_field = options.id_field
+        fields = options.fields
+        chunk_id = options.id_at(Field(("ids",), "id"), "metadata field", "metadatas")
         self._layout = HitLayout(
             "record",
             chunk_id,

@@ -67,11 +67,12 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
 from sidecar.core.hits import Replacement, Route, RouteKind
-from sidecar.formats.base import MalformedBody, ResponseAdapter, id_field_option, text_field_option
+from sidecar.formats.base import MalformedBody, ResponseAdapter
 from sidecar.formats.body import HitBody, Selection
 from sidecar.formats.elasticsearch import rest_routes as routes
 from sidecar.formats.elasticsearch.rest_request import ElasticsearchRequests
-from sidecar.formats.hits import Field, HitLayout, Hits, ReleasedFields
+from sidecar.formats.hits import Field, HitLayout, Hits
+from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
 
 TotalMode = Literal["recompute", "remove"]
 KeepMode = Literal["remove", "keep"]
@@ -349,21 +350,16 @@ class ElasticsearchFormat(ResponseAdapter[str], ElasticsearchRequests):
 
     def __init__(
         self,
+        options: AdapterOptions = DEFAULT_OPTIONS,
         *,
-        text_field: str = "text",
-        id_field: str | None = None,
         total: TotalMode = "recompute",
         aggregations: KeepMode = "remove",
         suggest: KeepMode = "remove",
         inner_hits: KeepMode = "remove",
-        hashed_fields: list[str] | None = None,
-        releasable_fields: list[str] | None = None,
     ) -> None:
-        """``hashed_fields`` and ``releasable_fields`` name the ``_source`` fields (dotted
-        paths) that go out beside the text and id: checked against the chunk record's
-        ``payload_sha256``, or unverified. Every other ``_source`` field is dropped."""
-        text_field = text_field_option(text_field)
-        id_field = id_field_option(id_field)
+        """The text, the id (None: the hit's ``_id``) and the released fields are
+        ``_source`` fields; every other ``_source`` field is dropped."""
+        text_field, id_field = options.text_field, options.id_field
         for option, value, allowed in (
             ("total", total, get_args(TotalMode)),
             ("aggregations", aggregations, get_args(KeepMode)),
@@ -372,7 +368,7 @@ class ElasticsearchFormat(ResponseAdapter[str], ElasticsearchRequests):
         ):
             if value not in allowed:
                 raise ValueError(f"{option} must be one of {', '.join(map(repr, allowed))}")
-        fields = ReleasedFields.from_options(hashed_fields, releasable_fields)
+        fields = options.fields
         chunk = (text_field, *([id_field] if id_field else []))
         declared = (".".join(path) for path in (*fields.hashed, *fields.releasable))
         self._options = _Options(
@@ -384,11 +380,8 @@ class ElasticsearchFormat(ResponseAdapter[str], ElasticsearchRequests):
             inner_hits,
             (*chunk, *declared),
         )
-        text = Field((text_field,), f"_source field {text_field!r}", "_source")
-        if id_field is None:
-            chunk_id = Field(("_id",), "_id")
-        else:
-            chunk_id = Field((id_field,), f"_source field {id_field!r}", "_source")
+        text = options.text_at("_source field", "_source")
+        chunk_id = options.id_at(Field(("_id",), "_id"), "_source field", "_source")
         self._layout = HitLayout(
             "hit", chunk_id, text, ("_source",), hit_keys=_HIT_KEYS, fields=fields
         )

@@ -64,6 +64,7 @@ from sidecar.formats.generic.rest_options import (
 from sidecar.formats.generic.rest_request import GenericRequests, checked_tenant_filter
 from sidecar.formats.generic.selectors import EACH, Match, Path, Selector
 from sidecar.formats.hits import Field, HitLayout, Hits, ReleasedFields
+from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
 
 # What the entries of a filtered array are, for placing a replacement: the
 # hits, the "id" or "text" of their rows, or other values that go with them.
@@ -190,8 +191,12 @@ class GenericFormat(ResponseAdapter[Layout], GenericRequests):
     and text are read with these selectors.
     """
 
+    # Its id and text are read with its own selectors (``id``, ``text``, ``ids``, ``texts``).
+    options_not_taken = frozenset({"text_field", "id_field"})
+
     def __init__(
         self,
+        options: AdapterOptions = DEFAULT_OPTIONS,
         *,
         name: str,
         routes: Sequence[str],
@@ -205,8 +210,6 @@ class GenericFormat(ResponseAdapter[Layout], GenericRequests):
         keep_fields: Sequence[str] = (),
         remove_fields: Sequence[str] = (),
         hit_fields: Sequence[str] = (),
-        hashed_fields: list[str] | None = None,
-        releasable_fields: list[str] | None = None,
         tenant_filter_at: str | None = None,
         tenant_filter: Any = None,
         tenant_filter_alone: Any = None,
@@ -215,8 +218,8 @@ class GenericFormat(ResponseAdapter[Layout], GenericRequests):
 
         ``hit_fields`` (hits layout only) are keys of a hit that are the
         API's own, not the document's (a score, a rank): they go out as they
-        are, substitutes too. ``hashed_fields`` and ``releasable_fields``
-        (hits layout only) are dotted paths within a hit to document fields.
+        are, substitutes too. Of ``options`` only the released fields are read
+        (hits layout only): dotted paths within a hit to document fields.
         The ``tenant_filter`` options are ``rest_request``'s.
         """
         self.name = checked_name(name)
@@ -224,8 +227,9 @@ class GenericFormat(ResponseAdapter[Layout], GenericRequests):
         self._layout = checked_layout(
             hits, id, text, ids, texts, parallel, count_fields, keep_fields, remove_fields
         )
-        fields = ReleasedFields.from_options(hashed_fields, releasable_fields)
-        self._hit_layout = _hit_layout(self._layout, fields, strings("hit_fields", hit_fields))
+        self._hit_layout = _hit_layout(
+            self._layout, options.fields, strings("hit_fields", hit_fields)
+        )
         self._tenant_filter = checked_tenant_filter(
             tenant_filter_at, tenant_filter, tenant_filter_alone
         )

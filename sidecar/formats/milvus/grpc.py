@@ -54,10 +54,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 from sidecar.formats import grpc_messages
-from sidecar.formats.base import id_field_option, text_field_option
 from sidecar.formats.grpc_adapter import GrpcAdapter
-from sidecar.formats.hits import Field, HitLayout, Hits, ReleasedFields
-from sidecar.formats.milvus.grpc_fields import ReleaseOptions
+from sidecar.formats.hits import Field, HitLayout, Hits
 from sidecar.formats.milvus.grpc_methods import KINDS
 from sidecar.formats.milvus.grpc_replies import (
     QUERY_RESULTS,
@@ -73,6 +71,7 @@ from sidecar.formats.milvus.grpc_request import (
     SERVICE,
     MilvusGrpcRequests,
 )
+from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
 
 _REPLIES: Final = {SEARCH: SEARCH_RESULTS, HYBRID_SEARCH: SEARCH_RESULTS, QUERY: QUERY_RESULTS}
 
@@ -86,22 +85,13 @@ class MilvusGrpcFormat(GrpcAdapter, MilvusGrpcRequests):
     kinds = KINDS
     replies = _REPLIES
 
-    def __init__(
-        self,
-        *,
-        text_field: str = "text",
-        id_field: str | None = None,
-        hashed_fields: list[str] | None = None,
-        releasable_fields: list[str] | None = None,
-    ) -> None:
-        """``id_field`` None: the chunk id is the primary key. ``hashed_fields`` and
-        ``releasable_fields`` name the fields (dotted paths into JSON fields and the
-        dynamic field) that go out beside the text and id: checked against the chunk
-        record's ``payload_sha256``, or unverified. Every other field is dropped."""
-        self.text_field = text_field_option(text_field)
-        self.id_field = id_field_option(id_field, self.text_field)
-        fields = ReleasedFields.from_options(hashed_fields, releasable_fields)
-        self._options = ReleaseOptions(self.text_field, self.id_field, fields)
+    def __init__(self, options: AdapterOptions = DEFAULT_OPTIONS) -> None:
+        """``id_field`` None: the chunk id is the primary key. The released fields are
+        dotted paths into JSON fields and the dynamic field; every other field is
+        dropped."""
+        self.text_field = options.text_field
+        self.id_field = options.distinct_id_field()
+        self._options = options
         # Candidates are read column by column; the layout is for the shared
         # Hits collector (hashed fields) and says what a problem calls a row.
         self._layout = HitLayout(
@@ -109,7 +99,7 @@ class MilvusGrpcFormat(GrpcAdapter, MilvusGrpcRequests):
             Field((self.id_field or "id",), "primary key"),
             Field((self.text_field,), f"field {self.text_field!r}"),
             None,
-            fields=fields,
+            fields=options.fields,
         )
 
     def _read(self, document: tuple[bytes, Any], shape: str) -> ColumnarReply:

@@ -19,7 +19,6 @@ refused: a client could read either.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 from sidecar.core.hits import Replacement
@@ -28,32 +27,23 @@ from sidecar.formats.hits import (
     FieldPath,
     Found,
     Hits,
-    ReleasedFields,
     project_fields,
     usable_id,
     usable_text,
     without_declared,
 )
 from sidecar.formats.milvus.grpc_columns import Column, place
+from sidecar.formats.options import AdapterOptions
 
 # A field the reply does not hold (None is a null it holds).
 _ABSENT: Final = object()
-
-
-@dataclass(frozen=True, slots=True)
-class ReleaseOptions:
-    """What a reply releases: the id and text fields and the declared paths."""
-
-    text_field: str
-    id_field: str | None
-    fields: ReleasedFields
 
 
 class ResultFields:
     """The ``fields_data`` of a reply: how each row's fields are read, and which
     columns go out (whole, or JSON documents projected onto some paths)."""
 
-    def __init__(self, fields_data: Sequence[Any], options: ReleaseOptions, primary: str) -> None:
+    def __init__(self, fields_data: Sequence[Any], options: AdapterOptions, primary: str) -> None:
         """Read the columns ``fields_data`` for ``options``; ``primary`` is the reply's
         primary key field (its ``primary_field_name``). MalformedBody for two
         dynamic fields, two columns of one field, or a dynamic field that holds

@@ -33,8 +33,9 @@ from sidecar.formats.base import MalformedBody
 from sidecar.formats.body import Selection
 from sidecar.formats.hits import Hits, usable_id
 from sidecar.formats.milvus.grpc_columns import Column
-from sidecar.formats.milvus.grpc_fields import ReleaseOptions, ResultFields
+from sidecar.formats.milvus.grpc_fields import ResultFields
 from sidecar.formats.milvus.rest import ERROR_MESSAGE
+from sidecar.formats.options import AdapterOptions
 
 SEARCH_RESULTS: Final = "milvus.proto.milvus.SearchResults"
 QUERY_RESULTS: Final = "milvus.proto.milvus.QueryResults"
@@ -114,7 +115,7 @@ def _error(reply: Any, reply_name: str) -> Callable[[Selection], Any]:
     return rebuild
 
 
-def read_search(reply: Any, hits: Hits, options: ReleaseOptions) -> Callable[[Selection], Any]:
+def read_search(reply: Any, hits: Hits, options: AdapterOptions) -> Callable[[Selection], Any]:
     """``SearchResults``: check the rows, register them in ``hits``, return the rebuild."""
     results = reply.results
     id_kind = results.ids.WhichOneof("id_field")
@@ -216,7 +217,7 @@ def _key(kind: str, chunk_id: str) -> Any:
     raise MalformedBody("a replacement id is not an integer, as the primary keys are")
 
 
-def read_query(reply: Any, hits: Hits, options: ReleaseOptions) -> Callable[[Selection], Any]:
+def read_query(reply: Any, hits: Hits, options: AdapterOptions) -> Callable[[Selection], Any]:
     """``QueryResults``: check the rows, register them in ``hits``, return the rebuild."""
     fields = ResultFields(reply.fields_data, options, reply.primary_field_name)
     used = fields.columns()

@@ -45,10 +45,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from sidecar.core.hits import Route, RouteKind
-from sidecar.formats.base import MalformedBody, ResponseAdapter, id_field_option, text_field_option
+from sidecar.formats.base import MalformedBody, ResponseAdapter
 from sidecar.formats.body import HitBody, Selection
-from sidecar.formats.hits import Field, HitLayout, Hits, ReleasedFields
+from sidecar.formats.hits import Field, HitLayout, Hits
 from sidecar.formats.milvus.rest_request import MilvusRequests
+from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
 
 # The primary key field of Milvus' quick-setup collections.
 _DEFAULT_ID_FIELD: Final = "id"
@@ -163,20 +164,12 @@ class MilvusFormat(ResponseAdapter[str], MilvusRequests):
 
     name = "milvus"
 
-    def __init__(
-        self,
-        *,
-        text_field: str = "text",
-        id_field: str | None = None,
-        hashed_fields: list[str] | None = None,
-        releasable_fields: list[str] | None = None,
-    ) -> None:
-        """``hashed_fields`` and ``releasable_fields`` name the row fields (dotted paths
-        into JSON fields) that go out beside the text and id: checked against the chunk
-        record's ``payload_sha256``, or unverified. Every other field is dropped; the
+    def __init__(self, options: AdapterOptions = DEFAULT_OPTIONS) -> None:
+        """The text, the id (None: the field ``id``) and the released fields (dotted
+        paths into JSON fields) are row fields; every other field is dropped, the
         primary key too when it is not ``id_field`` (list it as releasable)."""
-        self.text_field = text_field_option(text_field)
-        self.id_field = id_field_option(id_field) or _DEFAULT_ID_FIELD
+        self.text_field = options.text_field
+        self.id_field = options.id_field or _DEFAULT_ID_FIELD
         if self.id_field == self.text_field:
             raise ValueError("id_field must differ from text_field")
         self._layout = HitLayout(
@@ -186,7 +179,7 @@ class MilvusFormat(ResponseAdapter[str], MilvusRequests):
             (),
             _typed_like,
             _ROW_KEYS,
-            ReleasedFields.from_options(hashed_fields, releasable_fields),
+            options.fields,
         )
 
     def route_kind(self, route: Route) -> RouteKind | None:

@@ -53,6 +53,7 @@ from sidecar.core.hits import RouteKind
 from sidecar.formats import grpc_adapter, grpc_messages
 from sidecar.formats.body import Selection
 from sidecar.formats.hits import Hits
+from sidecar.formats.options import AdapterOptions
 from sidecar.formats.pinecone.grpc_request import (
     FETCH,
     QUERY,
@@ -111,7 +112,7 @@ def _message(name: str) -> Any:
     return grpc_messages.message_class(name)
 
 
-class PineconeGrpcFormat(grpc_adapter.GrpcAdapter, PineconeGrpcRequests):
+class PineconeGrpcFormat(grpc_adapter.TwinGrpcAdapter, PineconeGrpcRequests):
     """Adapter for the gRPC data plane of a Pinecone index host (``VectorService``):
     filters ``Query`` and ``Fetch`` replies, rewrites ``Query`` requests."""
 
@@ -120,28 +121,9 @@ class PineconeGrpcFormat(grpc_adapter.GrpcAdapter, PineconeGrpcRequests):
     kinds = _KINDS
     replies = _REPLIES
 
-    def __init__(
-        self,
-        *,
-        text_field: str = "text",
-        id_field: str | None = None,
-        hashed_fields: list[str] | None = None,
-        releasable_fields: list[str] | None = None,
-    ) -> None:
-        """The options of the REST adapter ``pinecone``, read by it: ``hashed_fields``
-        and ``releasable_fields`` name the metadata paths that go out beside the text
-        and id (checked against the chunk record's ``payload_sha256``, or
-        unverified). Everything else in the metadata is dropped."""
-        rest = PineconeFormat(
-            text_field=text_field,
-            id_field=id_field,
-            hashed_fields=hashed_fields,
-            releasable_fields=releasable_fields,
-        )
-        self.text_field, self.id_field = rest.text_field, rest.id_field
-        # The REST layout of a query match (a ScoredVector): a hit is read as the
-        # JSON match {"id", "metadata"} it stands for, so it is released alike.
-        self._layout = rest.query_layout
+    def _twin(self, options: AdapterOptions) -> PineconeFormat:
+        # A match (a ScoredVector) is read as the JSON match {"id", "metadata"} it stands for.
+        return PineconeFormat(options)
 
     def _read(self, document: tuple[bytes, Any], shape: str) -> grpc_adapter.RebuiltReply:
         body, reply = document

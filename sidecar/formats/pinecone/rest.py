@@ -43,9 +43,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from sidecar.core.hits import Route, RouteKind
-from sidecar.formats.base import MalformedBody, ResponseAdapter, id_field_option, text_field_option
+from sidecar.formats.base import MalformedBody, ResponseAdapter
 from sidecar.formats.body import HitBody, Selection
-from sidecar.formats.hits import Field, HitLayout, Hits, ReleasedFields
+from sidecar.formats.hits import Field, HitLayout, Hits
+from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
 from sidecar.formats.pinecone.rest_request import Endpoint, PineconeRequests, endpoint
 
 # Rebuilds the top-level object for a selection; the parsed document is
@@ -199,35 +200,26 @@ class PineconeFormat(ResponseAdapter[Endpoint], PineconeRequests):
 
     name = "pinecone"
 
-    def __init__(
-        self,
-        *,
-        text_field: str = "text",
-        id_field: str | None = None,
-        hashed_fields: list[str] | None = None,
-        releasable_fields: list[str] | None = None,
-    ) -> None:
-        """``hashed_fields`` and ``releasable_fields`` name the metadata (record
-        ``fields``) paths that go out beside the text and id: checked against the
-        chunk record's ``payload_sha256``, or unverified. Everything else is dropped."""
-        self.text_field = text_field_option(text_field)
-        self.id_field = id_field_option(id_field, self.text_field)
-        fields = ReleasedFields.from_options(hashed_fields, releasable_fields)
-        self._layouts = {shape: self._layout(shape, fields) for shape in (_QUERY, _SEARCH)}
+    def __init__(self, options: AdapterOptions = DEFAULT_OPTIONS) -> None:
+        """The text, the id (None: the hit's id, not the text field) and the released
+        fields are metadata (record ``fields``) paths; everything else is dropped."""
+        self.text_field = options.text_field
+        self.id_field = options.distinct_id_field()
+        self._layouts = {shape: self._layout(shape, options) for shape in (_QUERY, _SEARCH)}
 
     @property
-    def query_layout(self) -> HitLayout:
-        """How a ``/query`` match is read and released; gRPC matches are read so too."""
+    def twin_layout(self) -> HitLayout:
+        """How a ``/query`` match is read and released; the gRPC twin reads its matches
+        (ScoredVectors) so too."""
         return self._layouts[_QUERY]
 
-    def _layout(self, shape: _Shape, fields: ReleasedFields) -> HitLayout:
+    def _layout(self, shape: _Shape, options: AdapterOptions) -> HitLayout:
         key = shape.fields_key
-        text = Field((self.text_field,), f"{key} field {self.text_field!r}", key)
-        if self.id_field is None:
-            chunk_id = Field((shape.id_key,), "hit id")
-        else:
-            chunk_id = Field((self.id_field,), f"{key} field {self.id_field!r}", key)
-        return HitLayout("hit", chunk_id, text, (key,), hit_keys=shape.hit_keys, fields=fields)
+        text = options.text_at(f"{key} field", key)
+        chunk_id = options.id_at(Field((shape.id_key,), "hit id"), f"{key} field", key)
+        return HitLayout(
+            "hit", chunk_id, text, (key,), hit_keys=shape.hit_keys, fields=options.fields
+        )
 
     def route_kind(self, route: Route) -> RouteKind | None:
         """What ``route`` does on an index host; None for paths that are not its API.

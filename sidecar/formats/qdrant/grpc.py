@@ -46,8 +46,9 @@ from sidecar.core.hits import RouteKind
 from sidecar.formats import grpc_messages
 from sidecar.formats.base import MalformedBody
 from sidecar.formats.body import Selection
-from sidecar.formats.grpc_adapter import GrpcAdapter, GrpcReply
+from sidecar.formats.grpc_adapter import GrpcReply, TwinGrpcAdapter
 from sidecar.formats.hits import HitLayout, Hits
+from sidecar.formats.options import AdapterOptions
 from sidecar.formats.qdrant.grpc_request import SERVICE, QdrantGrpcRequests
 from sidecar.formats.qdrant.rest import QdrantFormat, next_offset_after
 
@@ -273,7 +274,7 @@ class _QdrantGrpcBody(GrpcReply):
                 getattr(target, name).CopyFrom(grpc_messages.released(getattr(original, name)))
 
 
-class QdrantGrpcFormat(GrpcAdapter, QdrantGrpcRequests):
+class QdrantGrpcFormat(TwinGrpcAdapter, QdrantGrpcRequests):
     """Adapter for Qdrant's gRPC API: filters replies, rewrites search requests.
 
     FILTERED are the methods that return points, CONTENT counts, facets and
@@ -287,25 +288,9 @@ class QdrantGrpcFormat(GrpcAdapter, QdrantGrpcRequests):
     kinds = _KINDS
     replies = _REPLIES
 
-    def __init__(
-        self,
-        text_field: str = "text",
-        id_field: str | None = None,
-        hashed_fields: list[str] | None = None,
-        releasable_fields: list[str] | None = None,
-    ) -> None:
-        """The options of the REST ``QdrantFormat``, with the same meaning, read by it.
-
-        ``hashed_fields`` and ``releasable_fields`` name the payload fields
-        (dotted paths) that go out beside the text and id: checked against the
-        chunk record's ``payload_sha256``, or unverified. Every other payload
-        field is dropped.
-        """
-        rest = QdrantFormat(text_field, id_field, hashed_fields, releasable_fields)
-        self.text_field, self.id_field = rest.text_field, rest.id_field
-        # The REST point layout: a point is read as the JSON point {"id", "payload"}
-        # it stands for, so it is released and substituted alike.
-        self._layout = rest.hit_layout
+    def _twin(self, options: AdapterOptions) -> QdrantFormat:
+        # A point is read as the JSON point {"id", "payload"} it stands for.
+        return QdrantFormat(options)
 
     def _read(self, document: tuple[bytes, Message], shape: str) -> _QdrantGrpcBody:
         body, reply = document

@@ -44,15 +44,10 @@ from typing import Any, Final
 import orjson
 
 from sidecar.core.hits import Route, RouteKind
-from sidecar.formats.base import (
-    AbsentAnswer,
-    MalformedBody,
-    ResponseAdapter,
-    id_field_option,
-    text_field_option,
-)
+from sidecar.formats.base import AbsentAnswer, MalformedBody, ResponseAdapter
 from sidecar.formats.body import HitBody, Selection
-from sidecar.formats.hits import Field, HitLayout, Hits, ReleasedFields, as_given
+from sidecar.formats.hits import Field, HitLayout, Hits, as_given
+from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
 from sidecar.formats.qdrant.rest_request import QdrantRequests, points_path, post_endpoint
 
 # Builds the filtered value of one sub-result for a selection and the most
@@ -312,23 +307,13 @@ class QdrantFormat(ResponseAdapter[_Shape], QdrantRequests):
 
     name = "qdrant"
 
-    def __init__(
-        self,
-        text_field: str = "text",
-        id_field: str | None = None,
-        hashed_fields: list[str] | None = None,
-        releasable_fields: list[str] | None = None,
-    ) -> None:
-        """``hashed_fields`` and ``releasable_fields`` name the payload fields (dotted
-        paths) that go out beside the text and id: checked against the chunk record's
-        ``payload_sha256``, or unverified. Every other payload field is dropped."""
-        self.text_field = text_field_option(text_field)
-        self.id_field = id_field_option(id_field)
-        text = Field((self.text_field,), f"payload field {self.text_field!r}", within="payload")
-        if self.id_field is None:
-            chunk_id = Field(("id",), "point id")
-        else:
-            chunk_id = Field((self.id_field,), f"payload field {self.id_field!r}", "payload")
+    def __init__(self, options: AdapterOptions = DEFAULT_OPTIONS) -> None:
+        """The text, the id (None: the point id) and the released fields are payload
+        fields; every other payload field is dropped."""
+        self.text_field = options.text_field
+        self.id_field = options.id_field
+        text = options.text_at("payload field", "payload")
+        chunk_id = options.id_at(Field(("id",), "point id"), "payload field", "payload")
         self._layout = HitLayout(
             "point",
             chunk_id,
@@ -336,12 +321,12 @@ class QdrantFormat(ResponseAdapter[_Shape], QdrantRequests):
             ("payload",),
             as_given if self.id_field else _point_id,
             _POINT_KEYS,
-            ReleasedFields.from_options(hashed_fields, releasable_fields),
+            options.fields,
         )
 
     @property
-    def hit_layout(self) -> HitLayout:
-        """How a point is read and released; the gRPC adapter reads its points so too."""
+    def twin_layout(self) -> HitLayout:
+        """How a point is read and released; the gRPC twin reads its points so too."""
         return self._layout
 
     def route_kind(self, route: Route) -> RouteKind | None:

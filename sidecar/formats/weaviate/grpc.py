@@ -26,13 +26,12 @@ from typing import Any, Final
 
 from sidecar.core.hits import Route, RouteKind
 from sidecar.formats import grpc_messages
-from sidecar.formats.base import id_field_option, text_field_option
 from sidecar.formats.grpc_adapter import GrpcAdapter, grpc_method
-from sidecar.formats.hits import ReleasedFields
+from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
 from sidecar.formats.weaviate.grpc_hits import Options, Reader, ResultGroup
 from sidecar.formats.weaviate.grpc_reply import WeaviateGrpcBody
 from sidecar.formats.weaviate.grpc_request import SERVICE, WeaviateGrpcRequests
-from sidecar.formats.weaviate.rest import GENERATIVE_MODES
+from sidecar.formats.weaviate.rest import generative_option, own_properties, released_properties
 
 SEARCH_REPLY: Final = "weaviate.v1.SearchReply"
 _REPLIES: Final[Mapping[str, str]] = {"Search": SEARCH_REPLY}
@@ -72,30 +71,20 @@ class WeaviateGrpcFormat(GrpcAdapter, WeaviateGrpcRequests):
     replies = _REPLIES
 
     def __init__(
-        self,
-        *,
-        text_field: str = "text",
-        id_field: str | None = None,
-        generative: str = "strip",
-        hashed_fields: list[str] | None = None,
-        releasable_fields: list[str] | None = None,
+        self, options: AdapterOptions = DEFAULT_OPTIONS, *, generative: str = "strip"
     ) -> None:
-        text = text_field_option(text_field)
-        id_property = id_field_option(id_field, text)
-        if generative not in GENERATIVE_MODES:
-            raise ValueError(f"generative must be one of {', '.join(GENERATIVE_MODES)}")
-        fields = ReleasedFields.from_options(hashed_fields, releasable_fields)
-        own = ((text,), *([(id_property,)] if id_property else []))
-        self.text_field = text
-        self.id_field = id_property
-        self.generative = generative
+        """The options of the GraphQL ``WeaviateFormat``, with the same meaning; the id
+        property must not be the text property."""
+        self.text_field = options.text_field
+        self.id_field = options.distinct_id_field()
+        self.generative = generative_option(generative)
         self._options = Options(
-            text,
-            id_property,
-            fields.hashed,
-            tuple(dict.fromkeys([*own, *fields.hashed, *fields.releasable])),
-            own,
-            generative == "block",
+            self.text_field,
+            self.id_field,
+            options.fields.hashed,
+            released_properties(options),
+            own_properties(options),
+            self.generative == "block",
         )
 
     def route_kind(self, route: Route) -> RouteKind | None:

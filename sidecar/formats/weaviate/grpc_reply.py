@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from sidecar.core.hits import Candidate, Replacement
-from sidecar.formats.base import MalformedBody, Unreleasable
+from sidecar.formats.base import MalformedBody, RenderLimits, Replacements, Unreleasable
 from sidecar.formats.grpc_adapter import released_body
 from sidecar.formats.hits import FieldPath
 from sidecar.formats.weaviate.grpc_hits import CheckedObject, Options, ResultGroup, object_uuid
@@ -109,10 +109,7 @@ class WeaviateGrpcBody:
     )
 
     def render(
-        self,
-        keep: Collection[int],
-        limits: Sequence[int | None] | None = None,
-        replacements: Mapping[int, Replacement] | None = None,
+        self, keep: Collection[int], limits: RenderLimits = None, replacements: Replacements = None
     ) -> bytes:
         """The framed reply with only the objects at ``keep``; see ``ParsedBody.render``."""
         walk = _Walk(self, frozenset(keep), _limit(limits), replacements or {})
@@ -120,9 +117,7 @@ class WeaviateGrpcBody:
         self._last = ((walk.keep, walk.limit), sorted(walk.released))
         return released_body(self.body, self.reply, reply, unknown=self.unknown_fields)
 
-    def released_positions(
-        self, keep: Collection[int], limits: Sequence[int | None] | None = None
-    ) -> list[int]:
+    def released_positions(self, keep: Collection[int], limits: RenderLimits = None) -> list[int]:
         """The positions ``render(keep, limits)`` sends, in body order."""
         walk = _Walk(self, frozenset(keep), _limit(limits), {})
         if self._last is not None and self._last[0] == (walk.keep, walk.limit):
@@ -131,7 +126,7 @@ class WeaviateGrpcBody:
         return sorted(walk.released)
 
 
-def _limit(limits: Sequence[int | None] | None) -> int | None:
+def _limit(limits: RenderLimits) -> int | None:
     if not limits:
         return None
     if len(limits) != 1:

@@ -16,15 +16,9 @@ from __future__ import annotations
 from typing import Any, Final
 
 from sidecar.core.hits import Route, RouteKind
-from sidecar.formats.base import (
-    MalformedBody,
-    ResponseAdapter,
-    id_field_option,
-    load_json,
-    load_object,
-    text_field_option,
-)
-from sidecar.formats.hits import Field, HitLayout, Hits, ReleasedFields
+from sidecar.formats.base import MalformedBody, ResponseAdapter, load_json, load_object
+from sidecar.formats.hits import Field, FieldPath, HitLayout, Hits
+from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
 from sidecar.formats.weaviate.rest_body import Parser, Release, WeaviateBody, sub_results
 from sidecar.formats.weaviate.rest_request import WeaviateRequests, graphql_endpoint
 
@@ -56,6 +50,25 @@ _READ_ROOTS: Final = frozenset(
 )
 
 
+def generative_option(value: object) -> str:
+    """The ``generative`` option, checked: one of ``GENERATIVE_MODES``."""
+    if not isinstance(value, str) or value not in GENERATIVE_MODES:
+        raise ValueError(f"generative must be one of {', '.join(GENERATIVE_MODES)}")
+    return value
+
+
+def own_properties(options: AdapterOptions) -> tuple[FieldPath, ...]:
+    """The text property, then the id property when the chunk id is one."""
+    return ((options.text_field,), *([(options.id_field,)] if options.id_field else []))
+
+
+def released_properties(options: AdapterOptions) -> tuple[FieldPath, ...]:
+    """Every property an object may send: its own, then the hashed and releasable ones,
+    each once."""
+    fields = options.fields
+    return tuple(dict.fromkeys([*own_properties(options), *fields.hashed, *fields.releasable]))
+
+
 class WeaviateFormat(ResponseAdapter[bool], WeaviateRequests):
     """Adapter for Weaviate's GraphQL search responses (``/v1/graphql`` and its batch);
     rewrites their requests.
@@ -69,35 +82,21 @@ class WeaviateFormat(ResponseAdapter[bool], WeaviateRequests):
     name = "weaviate"
 
     def __init__(
-        self,
-        *,
-        text_field: str = "text",
-        id_field: str | None = None,
-        generative: str = "strip",
-        hashed_fields: list[str] | None = None,
-        releasable_fields: list[str] | None = None,
+        self, options: AdapterOptions = DEFAULT_OPTIONS, *, generative: str = "strip"
     ) -> None:
-        """``hashed_fields`` and ``releasable_fields`` name the properties (dotted
-        paths) that go out beside the text and id: checked against the chunk
-        record's ``payload_sha256``, or unverified. Every other property is dropped."""
-        self.text_field = text_field_option(text_field)
-        self.id_field = id_field_option(id_field)
-        if generative not in GENERATIVE_MODES:
-            raise ValueError(f"generative must be one of {', '.join(GENERATIVE_MODES)}")
-        self.generative = generative
-        if self.id_field is None:
-            chunk_id = Field(("id",), "_additional.id", "_additional")
-        else:
-            chunk_id = Field((self.id_field,), f"property {self.id_field!r}")
-        text = Field((self.text_field,), f"property {self.text_field!r}")
-        fields = ReleasedFields.from_options(hashed_fields, releasable_fields)
+        """The text, the id (None: the object UUID) and the released fields are
+        properties; every other property is dropped."""
+        self.text_field = options.text_field
+        self.id_field = options.id_field
+        self.generative = generative_option(generative)
+        chunk_id = options.id_at(Field(("id",), "_additional.id", "_additional"), "property")
+        text = options.text_at("property")
         self._layout = HitLayout(
-            "result object", chunk_id, text, None, hit_keys=_HIT_KEYS, fields=fields
+            "result object", chunk_id, text, None, hit_keys=_HIT_KEYS, fields=options.fields
         )
-        own = [(self.text_field,), *([(self.id_field,)] if self.id_field else [])]
         self._release = Release(
             self._layout.released,
-            frozenset([*own, *fields.hashed, *fields.releasable]),
+            frozenset(released_properties(options)),
             self.generative == "block",
         )
 
