@@ -97,8 +97,15 @@ class Refusal:
         return replace(self, http_status=http_status, grpc_status=grpc_status_for(http_status))
 
 
-def _refusal(code: str, http_status: int) -> Refusal:
-    return Refusal(code, http_status, grpc_status_for(http_status))
+# Every refusal with a fixed status, for the documentation's table (checked by a test).
+_FIXED: list[Refusal] = []
+
+
+def _refusal(code: str, http_status: int, *, fixed: bool = True) -> Refusal:
+    refusal = Refusal(code, http_status, grpc_status_for(http_status))
+    if fixed:
+        _FIXED.append(refusal)
+    return refusal
 
 
 # Request path.
@@ -117,37 +124,20 @@ FORBIDDEN = _refusal("forbidden", 403)  # the request policy refused; its reason
 # Response path.
 REJECTED_CHUNKS = _refusal("rejected_chunks", 403)  # strict mode: a chunk was rejected
 # An adapter's own code for a body it cannot release (``formats.base.Unreleasable``).
-UNRELEASABLE = _refusal("unreleasable", 403)
+UNRELEASABLE = _refusal("unreleasable", 403, fixed=False)
 UPSTREAM_BODY_MALFORMED = _refusal("upstream_body_malformed", 502)
 UPSTREAM_BODY_UNREADABLE = _refusal("upstream_body_unreadable", 502)
 # More hits than ``max_hits``: deciding them would stall every other caller.
 UPSTREAM_TOO_MANY_HITS = _refusal("upstream_too_many_hits", 502)
 # A non-2xx upstream answer on a filtered route: its text can quote documents.
 # The client keeps the upstream's status (``at_status``); 502 when it has none.
-UPSTREAM_ERROR = _refusal("upstream_error", 502)
+UPSTREAM_ERROR = _refusal("upstream_error", 502, fixed=False)
 AUDIT_UNAVAILABLE = _refusal("audit_unavailable", 500)
 # The gate itself.
 GATE_INTERNAL_ERROR = _refusal("gate_internal_error", 500)
 GATE_MISCONFIGURED = _refusal("gate_misconfigured", 500)
 
-# Every refusal with a fixed status, for the documentation's table (checked by a test).
-TABLE: tuple[Refusal, ...] = (
-    PATH_NOT_CANONICAL,
-    METHOD_NOT_ALLOWED,
-    IDENTITY_MISSING,
-    JWKS_UNAVAILABLE,
-    REQUEST_BODY_MALFORMED,
-    REQUEST_NOT_FILTERABLE,
-    POLICY_ERROR,
-    FORBIDDEN,
-    REJECTED_CHUNKS,
-    UPSTREAM_BODY_MALFORMED,
-    UPSTREAM_BODY_UNREADABLE,
-    UPSTREAM_TOO_MANY_HITS,
-    AUDIT_UNAVAILABLE,
-    GATE_INTERNAL_ERROR,
-    GATE_MISCONFIGURED,
-)
+TABLE: tuple[Refusal, ...] = tuple(_FIXED)
 
 
 def identity_refusal(code: str, *, outage: bool) -> Refusal:

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Self
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -71,13 +72,11 @@ def trace_context(headers: Mapping[str, str]) -> dict[str, str]:
     return {name: headers[name] for name in TRACE_HEADERS if name in headers}
 
 
-class DecisionSpan:
-    """The span of one decision. This base class records nothing: tracing is off,
-    or the request's trace is not sampled."""
+class _Span:
+    """A span as a context manager; this base records nothing."""
 
-    recording = False
-
-    def __enter__(self) -> DecisionSpan:
+    def __enter__(self) -> Self:
+        self._opened()
         return self
 
     def __exit__(
@@ -86,7 +85,20 @@ class DecisionSpan:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        return None
+        self._closed(exc_type)
+
+    def _opened(self) -> None:
+        """The span's context begins (a recording span makes itself current)."""
+
+    def _closed(self, exc_type: type[BaseException] | None) -> None:
+        """The span's context ends, with the type of what was raised in it, if anything."""
+
+
+class DecisionSpan(_Span):
+    """The span of one decision. This base class records nothing: tracing is off,
+    or the request's trace is not sampled."""
+
+    recording = False
 
     def collections(self, names: Sequence[str]) -> None:
         """The collections the request named (its path, and its body beyond the path)."""
@@ -106,19 +118,8 @@ class DecisionSpan:
         """What the client got: the outcome, the HTTP status and the gate's code, if any."""
 
 
-class LookupSpan:
+class LookupSpan(_Span):
     """The span of one store lookup; this base class records nothing."""
-
-    def __enter__(self) -> LookupSpan:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        return None
 
     def answered(self, found: int, unavailable: int) -> None:
         """How many ids had a record, and how many could not be looked up (store down)."""
@@ -223,16 +224,10 @@ class _RecordingDecision(DecisionSpan):
         self._span = span
         self._token: Token[Context] | None = None
 
-    def __enter__(self) -> DecisionSpan:
+    def _opened(self) -> None:
         self._token = otel_context.attach(trace.set_span_in_context(self._span))
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def _closed(self, exc_type: type[BaseException] | None) -> None:
         try:
             _end(self._span, exc_type)
         finally:
@@ -287,16 +282,10 @@ class _RecordingLookup(LookupSpan):
         self._tally = _CacheTally()
         self._token: Token[_CacheTally | None] | None = None
 
-    def __enter__(self) -> LookupSpan:
+    def _opened(self) -> None:
         self._token = _TALLY.set(self._tally)
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def _closed(self, exc_type: type[BaseException] | None) -> None:
         if self._token is not None:
             _TALLY.reset(self._token)
         self._span.set_attributes({CACHE_HITS: self._tally.hits, CACHE_MISSES: self._tally.misses})
