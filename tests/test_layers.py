@@ -82,3 +82,21 @@ def test_importing_the_core_loads_no_adapter() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.strip() == ""
+
+
+def test_importing_the_formats_skeleton_loads_no_adapter() -> None:
+    # The registry imports adapters; the package and its shared skeleton do not.
+    skeleton = ["base", "body", "hits", "options", "rewriter", "grpc_adapter"]
+    probe = (
+        "import sys, importlib\n"
+        f"for name in {skeleton!r}: importlib.import_module('sidecar.formats.' + name)\n"
+        "databases = ('qdrant', 'chroma', 'weaviate', 'elasticsearch', 'pinecone', 'milvus',"
+        " 'generic')\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[2:3] and"
+        " m.startswith('sidecar.formats.') and m.split('.')[2] in databases)\n"
+        "print(','.join(loaded))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == ""
