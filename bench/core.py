@@ -55,7 +55,7 @@ from sidecar.audit.jsonl import JsonlAuditSink
 from sidecar.config import Settings, format_table
 from sidecar.core.caller import Caller
 from sidecar.core.chunk_record import ChunkRecord, Status
-from sidecar.core.gate import Gate
+from sidecar.core.decision_core import DecisionCore
 from sidecar.core.hits import Route
 from sidecar.core.integrity import canonical_sha256
 from sidecar.core.modes import RoutePolicies
@@ -117,12 +117,12 @@ class Core:
         self.inner = SqliteStore(workdir / f"{name}.db")
         self.metrics = GateMetrics()
         self.store = CachedStore(self.inner, ttl=3600.0, observer=self.metrics)
-        self.gate = Gate(RegorusEngine.from_directory(settings.policy_dir))
+        self.core = DecisionCore(RegorusEngine.from_directory(settings.policy_dir))
         self.audit = JsonlAuditSink(workdir / f"{name}-audit.jsonl")
         self.filter = ResponseFilter(
             formats=format_table(settings),
             store=self.store,
-            gate=self.gate,
+            core=self.core,
             audit=self.audit,
             metrics=self.metrics,
             policies=RoutePolicies(settings.route_policy),
@@ -132,7 +132,7 @@ class Core:
 
     def clear_verdicts(self) -> Callable[[], None] | None:
         """The gate's verdict-cache reset, where this version of the gate has one."""
-        clear: Callable[[], None] | None = getattr(self.gate, "clear_verdict_cache", None)
+        clear: Callable[[], None] | None = getattr(self.core, "clear_verdict_cache", None)
         return clear
 
     async def call(self, body: bytes) -> None:

@@ -27,7 +27,7 @@ identical pair rejected), the tampering flag (class injection or
 replacement: detection rate over injected and replaced pairs, false-positive
 rate over the benign pairs and over the stale-looking ones), the confusion
 matrix of the classes, and the overhead per mismatching chunk: classify()
-alone and the whole ``Gate.decide`` for one chunk whose record holds its text,
+alone and the whole ``DecisionCore.decide`` for one chunk whose record holds its text,
 against the same call for a record without text (no classification).
 
 Usage: .venv/bin/python bench/tamper.py [--seed 14] [--repeat 20] [--out FILE]
@@ -60,8 +60,8 @@ from machine import describe, one_line  # noqa: E402
 from sidecar.config import default_policy_dir  # noqa: E402
 from sidecar.core.caller import Caller  # noqa: E402
 from sidecar.core.chunk_record import ChunkRecord, Status  # noqa: E402
+from sidecar.core.decision_core import DecisionCore  # noqa: E402
 from sidecar.core.drift import MAX_DIFF_TOKENS, TAMPERING, Drift, classify  # noqa: E402
-from sidecar.core.gate import Gate  # noqa: E402
 from sidecar.core.hits import Candidate  # noqa: E402
 from sidecar.core.integrity import canonical_sha256  # noqa: E402
 from sidecar.core.reasons import Reason  # noqa: E402
@@ -288,7 +288,7 @@ def record(text: str, with_text: bool) -> ChunkRecord:
 def run(seed: int, repeat: int) -> dict[str, Any]:
     texts = corpus()
     made = pairs(texts, seed)
-    gate = Gate(RegorusEngine.from_directory(default_policy_dir()))
+    gate = DecisionCore(RegorusEngine.from_directory(default_policy_dir()))
     caller = Caller("acme", frozenset({"group:qa"}))
     now = datetime(2026, 6, 1, tzinfo=UTC)
 

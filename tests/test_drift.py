@@ -22,6 +22,7 @@ from sidecar.audit.record import AuditRecord
 from sidecar.config import default_policy_dir
 from sidecar.core.caller import Caller
 from sidecar.core.decision import ChunkDecision, Verdict
+from sidecar.core.decision_core import DecisionCore
 from sidecar.core.drift import (
     MAX_CLASSIFIED_CHARS,
     MAX_DIFF_TOKENS,
@@ -29,7 +30,6 @@ from sidecar.core.drift import (
     Drift,
     classify,
 )
-from sidecar.core.gate import Gate
 from sidecar.core.hits import Candidate
 from sidecar.core.modes import Mode
 from sidecar.core.outcome import Outcome
@@ -212,17 +212,17 @@ ALICE = Caller("acme", frozenset({"user:alice", "group:qa"}))
 
 
 @pytest.fixture(scope="module")
-def gate() -> Gate:
-    return Gate(RegorusEngine.from_directory(default_policy_dir()))
+def gate() -> DecisionCore:
+    return DecisionCore(RegorusEngine.from_directory(default_policy_dir()))
 
 
-def decide(gate: Gate, returned: str, **overrides: Any) -> ChunkDecision:
+def decide(gate: DecisionCore, returned: str, **overrides: Any) -> ChunkDecision:
     record = parse_record(record_dict("c1", **overrides))
     verdict = gate.decide(ALICE, [Candidate(0, "c1", returned)], {"c1": record}, (), NOW)
     return verdict.decisions[0]
 
 
-def test_the_gate_classifies_a_mismatch_when_the_record_holds_the_text(gate: Gate) -> None:
+def test_the_gate_classifies_a_mismatch_when_the_record_holds_the_text(gate: DecisionCore) -> None:
     original = text_for("c1")
     injected = decide(gate, original + " " + INSTRUCTION, text=original)
     assert injected.reasons == ("HASH_MISMATCH",)
@@ -234,7 +234,7 @@ def test_the_gate_classifies_a_mismatch_when_the_record_holds_the_text(gate: Gat
     assert stale.drift is Drift.TRUNCATION
 
 
-def test_no_class_without_a_mismatch_or_without_the_text(gate: Gate) -> None:
+def test_no_class_without_a_mismatch_or_without_the_text(gate: DecisionCore) -> None:
     original = text_for("c1")
     assert decide(gate, original, text=original) == ChunkDecision(0, "c1", ())
     unknown = decide(gate, original + " " + INSTRUCTION)  # the record holds no text

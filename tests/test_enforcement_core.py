@@ -24,7 +24,7 @@ from sidecar.audit.verify import verify_chain
 from sidecar.config import RouteOptions, Settings, default_policy_dir, format_table
 from sidecar.core.caller import Caller
 from sidecar.core.chunk_record import Status
-from sidecar.core.gate import Gate
+from sidecar.core.decision_core import DecisionCore
 from sidecar.core.hits import Candidate, Route
 from sidecar.core.modes import Mode, RoutePolicies, RoutePolicy
 from sidecar.enforcement.deciding import Decided, Decider
@@ -49,7 +49,7 @@ class Core:
         self.inner = SqliteStore(tmp_path / "gate.db")
         self.metrics = GateMetrics()
         self.store = CachedStore(self.inner, ttl=3600.0, observer=self.metrics)
-        self.gate = Gate(POLICY)
+        self.gate = DecisionCore(POLICY)
         self.audit_path = tmp_path / "audit.jsonl"
         self.audit = JsonlAuditSink(self.audit_path)
         self.filter = self.response_filter()
@@ -64,7 +64,7 @@ class Core:
         return ResponseFilter(
             formats=format_table(Settings()),
             store=self.store,
-            gate=self.gate,
+            core=self.gate,
             audit=audit or self.audit,
             metrics=self.metrics,
             policies=RoutePolicies(route_policy or Settings().route_policy),

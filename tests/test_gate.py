@@ -12,7 +12,7 @@ import pytest
 from sidecar.config import default_policy_dir
 from sidecar.core.caller import Caller
 from sidecar.core.chunk_record import ChunkRecord
-from sidecar.core.gate import Gate
+from sidecar.core.decision_core import DecisionCore
 from sidecar.core.hits import Candidate
 from sidecar.core.integrity import canonical_fields, fields_sha256
 from sidecar.core.policy import PolicyError, policy_input, to_epoch_ns
@@ -26,8 +26,8 @@ ALICE = Caller("acme", frozenset({"user:alice", "group:qa"}))
 
 
 @pytest.fixture(scope="module")
-def gate() -> Gate:
-    return Gate(RegorusEngine.from_directory(default_policy_dir()))
+def gate() -> DecisionCore:
+    return DecisionCore(RegorusEngine.from_directory(default_policy_dir()))
 
 
 def record(chunk_id: str, **overrides: Any) -> ChunkRecord:
@@ -41,7 +41,7 @@ def candidate(chunk_id: str | None, position: int = 0, text: str | None = "") ->
 
 
 def decide_one(
-    gate: Gate,
+    gate: DecisionCore,
     rec: ChunkRecord | None,
     *,
     cand: Candidate | None = None,
@@ -56,7 +56,7 @@ def decide_one(
     return verdict.decisions[0].reasons
 
 
-def test_approved_chunk_for_an_allowed_caller_is_admitted(gate: Gate) -> None:
+def test_approved_chunk_for_an_allowed_caller_is_admitted(gate: DecisionCore) -> None:
     assert decide_one(gate, record("c1")) == ()
 
 
@@ -75,12 +75,12 @@ def test_approved_chunk_for_an_allowed_caller_is_admitted(gate: Gate) -> None:
     ],
 )
 def test_each_record_check_yields_its_reason(
-    gate: Gate, overrides: dict[str, Any], expected: Reason
+    gate: DecisionCore, overrides: dict[str, Any], expected: Reason
 ) -> None:
     assert decide_one(gate, record("c1", **overrides)) == (expected,)
 
 
-def test_signature_required_but_not_valid_is_signature_missing(gate: Gate) -> None:
+def test_signature_required_but_not_valid_is_signature_missing(gate: DecisionCore) -> None:
     unsigned = record("c1", requires_signature=True)
     assert decide_one(gate, unsigned) == (Reason.SIGNATURE_MISSING,)
     signed = dataclasses.replace(unsigned, signature_valid=True)
@@ -89,7 +89,7 @@ def test_signature_required_but_not_valid_is_signature_missing(gate: Gate) -> No
     assert decide_one(gate, tampered) == (Reason.HASH_MISMATCH, Reason.SIGNATURE_MISSING)
 
 
-def test_chunk_without_id_or_text_is_malformed(gate: Gate) -> None:
+def test_chunk_without_id_or_text_is_malformed(gate: DecisionCore) -> None:
     verdict = gate.decide(
         ALICE,
         [
@@ -107,16 +107,16 @@ def test_chunk_without_id_or_text_is_malformed(gate: Gate) -> None:
     assert verdict.decisions[1].detail == "payload has no text"
 
 
-def test_chunk_unknown_to_the_store_is_missing_metadata(gate: Gate) -> None:
+def test_chunk_unknown_to_the_store_is_missing_metadata(gate: DecisionCore) -> None:
     assert decide_one(gate, None) == (Reason.MISSING_METADATA,)
 
 
-def test_chunk_the_store_could_not_answer_for_is_metadata_unavailable(gate: Gate) -> None:
+def test_chunk_the_store_could_not_answer_for_is_metadata_unavailable(gate: DecisionCore) -> None:
     reasons = decide_one(gate, record("c1"), unavailable=frozenset({"c1"}))
     assert reasons == (Reason.METADATA_UNAVAILABLE,)
 
 
-def test_all_reasons_are_listed_in_canonical_order(gate: Gate) -> None:
+def test_all_reasons_are_listed_in_canonical_order(gate: DecisionCore) -> None:
     rec = record(
         "c1",
         tenant_id="globex",
@@ -137,14 +137,14 @@ def test_all_reasons_are_listed_in_canonical_order(gate: Gate) -> None:
     assert list(reasons) == sorted(reasons, key=BUILTIN_ORDER.index)
 
 
-def test_now_equal_to_effective_at_is_admitted(gate: Gate) -> None:
+def test_now_equal_to_effective_at_is_admitted(gate: DecisionCore) -> None:
     assert decide_one(gate, record("c1"), now=EFFECTIVE) == ()
     assert decide_one(gate, record("c1"), now=EFFECTIVE - timedelta(microseconds=1)) == (
         Reason.NOT_YET_EFFECTIVE,
     )
 
 
-def test_validity_boundaries_beyond_the_64_bit_range_keep_their_order(gate: Gate) -> None:
+def test_validity_boundaries_beyond_the_64_bit_range_keep_their_order(gate: DecisionCore) -> None:
     # Nanoseconds past 2262 do not fit Rego's integers; one such record must not
     # fail the whole batch (POLICY_ERROR for every chunk), nor be misread.
     late = record("c1", expires_at="2999-01-01T00:00:00Z")
@@ -161,25 +161,25 @@ def test_validity_boundaries_beyond_the_64_bit_range_keep_their_order(gate: Gate
     assert to_epoch_ns(datetime(2999, 1, 1, tzinfo=UTC)) == 2**63 - 1
 
 
-def test_now_equal_to_expires_at_is_expired(gate: Gate) -> None:
+def test_now_equal_to_expires_at_is_expired(gate: DecisionCore) -> None:
     rec = record("c1", expires_at="2026-06-01T12:00:00Z")
     assert decide_one(gate, rec, now=NOW) == (Reason.EXPIRED,)
     assert decide_one(gate, rec, now=NOW - timedelta(microseconds=1)) == ()
 
 
-def test_hash_is_checked_on_canonical_text(gate: Gate) -> None:
+def test_hash_is_checked_on_canonical_text(gate: DecisionCore) -> None:
     crlf = candidate("c1", text=text_for("c1").replace("\n", "\r\n"))
     assert decide_one(gate, record("c1"), cand=crlf) == ()
     edited = candidate("c1", text=text_for("c1") + " ")
     assert decide_one(gate, record("c1"), cand=edited) == (Reason.HASH_MISMATCH,)
 
 
-def test_lone_surrogate_text_is_a_hash_mismatch_not_a_crash(gate: Gate) -> None:
+def test_lone_surrogate_text_is_a_hash_mismatch_not_a_crash(gate: DecisionCore) -> None:
     odd = candidate("c1", text="broken \ud800 text")
     assert decide_one(gate, record("c1"), cand=odd) == (Reason.HASH_MISMATCH,)
 
 
-def test_everything_rejected_is_a_valid_empty_result(gate: Gate) -> None:
+def test_everything_rejected_is_a_valid_empty_result(gate: DecisionCore) -> None:
     verdict = gate.decide(
         ALICE,
         [candidate("c1", 0), candidate("c2", 1)],
@@ -191,7 +191,7 @@ def test_everything_rejected_is_a_valid_empty_result(gate: Gate) -> None:
     assert [d.admitted for d in verdict.decisions] == [False, False]
 
 
-def test_repeated_chunk_in_a_batch_is_decided_at_every_position(gate: Gate) -> None:
+def test_repeated_chunk_in_a_batch_is_decided_at_every_position(gate: DecisionCore) -> None:
     verdict = gate.decide(
         ALICE,
         [candidate("c1", 0), candidate("c2", 1), candidate("c1", 2)],
@@ -202,7 +202,7 @@ def test_repeated_chunk_in_a_batch_is_decided_at_every_position(gate: Gate) -> N
     assert verdict.admitted_positions == frozenset({0, 2})
 
 
-def test_naive_clock_is_refused(gate: Gate) -> None:
+def test_naive_clock_is_refused(gate: DecisionCore) -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
         gate.decide(ALICE, [], {}, frozenset(), datetime(2026, 1, 1))
 
@@ -224,21 +224,21 @@ class _ScriptedEngine:
 
 
 def test_policy_error_rejects_with_policy_error() -> None:
-    gate = Gate(_ScriptedEngine(PolicyError("boom")))
+    gate = DecisionCore(_ScriptedEngine(PolicyError("boom")))
     verdict = gate.decide(ALICE, [candidate("c1")], {"c1": record("c1")}, frozenset(), NOW)
     assert verdict.decisions[0].reasons == (Reason.POLICY_ERROR,)
     assert verdict.policy_failed
 
 
 def test_policy_silent_about_a_chunk_rejects_it() -> None:
-    gate = Gate(_ScriptedEngine({}))
+    gate = DecisionCore(_ScriptedEngine({}))
     verdict = gate.decide(ALICE, [candidate("c1")], {"c1": record("c1")}, frozenset(), NOW)
     assert verdict.decisions[0].reasons == (Reason.POLICY_ERROR,)
 
 
 def test_declared_custom_reason_is_kept_and_undeclared_becomes_policy_deny() -> None:
     answer = {"c1": ["EXPORT_CONTROLLED"], "c2": ["SOMETHING_ELSE"]}
-    gate = Gate(_ScriptedEngine(answer), ReasonOrder(["EXPORT_CONTROLLED"]))
+    gate = DecisionCore(_ScriptedEngine(answer), ReasonOrder(["EXPORT_CONTROLLED"]))
     verdict = gate.decide(
         ALICE,
         [candidate("c1", 0), candidate("c2", 1)],
@@ -279,7 +279,7 @@ def test_policy_is_evaluated_once_per_response() -> None:
             calls.append(len(policy_input["chunks"]))
             return {c["id"]: [] for c in policy_input["chunks"]}
 
-    gate = Gate(Counting({}))
+    gate = DecisionCore(Counting({}))
     cands = [candidate(f"c{i % 5}", i) for i in range(20)]
     records = {f"c{i}": record(f"c{i}") for i in range(5)}
     gate.decide(ALICE, cands, records, frozenset(), NOW)
@@ -302,13 +302,13 @@ def payload_record(
 
 
 def decide_detail(
-    gate: Gate, rec: ChunkRecord, cand: Candidate
+    gate: DecisionCore, rec: ChunkRecord, cand: Candidate
 ) -> tuple[tuple[str, ...], str | None]:
     [decision] = gate.decide(ALICE, [cand], {rec.chunk_id: rec}, frozenset(), NOW).decisions
     return decision.reasons, decision.detail
 
 
-def test_hashed_fields_matching_the_record_are_admitted(gate: Gate) -> None:
+def test_hashed_fields_matching_the_record_are_admitted(gate: DecisionCore) -> None:
     rec = payload_record("c1")
     assert rec.payload_sha256 == fields_sha256(canonical_fields(FIELDS))
     # Same fields in another order, and decomposed where the record has composed text.
@@ -329,26 +329,28 @@ def test_hashed_fields_matching_the_record_are_admitted(gate: Gate) -> None:
     ],
 )
 def test_tampered_fields_are_a_payload_hash_mismatch(
-    gate: Gate, tampered: dict[str, object]
+    gate: DecisionCore, tampered: dict[str, object]
 ) -> None:
     reasons, detail = decide_detail(gate, payload_record("c1"), with_fields("c1", tampered))
     assert reasons == (Reason.PAYLOAD_HASH_MISMATCH,)
     assert detail is None
 
 
-def test_record_without_payload_hash_rejects_hashed_fields(gate: Gate) -> None:
+def test_record_without_payload_hash_rejects_hashed_fields(gate: DecisionCore) -> None:
     reasons, detail = decide_detail(gate, record("c1"), with_fields("c1"))
     assert reasons == (Reason.PAYLOAD_HASH_MISMATCH,)
     assert detail == "record has no payload_sha256"
     assert "Refunds" not in detail
 
 
-def test_candidate_without_fields_is_not_checked(gate: Gate) -> None:
+def test_candidate_without_fields_is_not_checked(gate: DecisionCore) -> None:
     assert decide_one(gate, payload_record("c1")) == ()  # the format declares no hashed field
     assert decide_one(gate, record("c1")) == ()
 
 
-def test_payload_mismatch_ranks_between_hash_mismatch_and_signature_missing(gate: Gate) -> None:
+def test_payload_mismatch_ranks_between_hash_mismatch_and_signature_missing(
+    gate: DecisionCore,
+) -> None:
     rec = payload_record("c1", sha256="0" * 64, requires_signature=True, status="revoked")
     cand = with_fields("c1", {"title": "edited"})
     assert decide_one(gate, rec, cand=cand) == (
@@ -361,13 +363,13 @@ def test_payload_mismatch_ranks_between_hash_mismatch_and_signature_missing(gate
     assert order.index("PAYLOAD_HASH_MISMATCH") == order.index("HASH_MISMATCH") + 1
 
 
-def test_unencodable_fields_are_a_mismatch_not_a_crash(gate: Gate) -> None:
+def test_unencodable_fields_are_a_mismatch_not_a_crash(gate: DecisionCore) -> None:
     odd = dataclasses.replace(candidate("c1"), fields='{"title":"\ud800"}')
     assert decide_one(gate, payload_record("c1"), cand=odd) == (Reason.PAYLOAD_HASH_MISMATCH,)
 
 
 def test_payload_check_runs_with_a_warm_verdict_cache() -> None:
-    cached = Gate(RegorusEngine.from_directory(default_policy_dir()))
+    cached = DecisionCore(RegorusEngine.from_directory(default_policy_dir()))
     assert cached.verdict_cache is not None
     rec = payload_record("c1")
     assert decide_one(cached, rec, cand=with_fields("c1")) == ()

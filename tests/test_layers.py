@@ -50,14 +50,14 @@ def test_the_layers_hold() -> None:
 
 def test_an_upward_import_breaks_the_layer_contract(tmp_path: Path) -> None:
     project = _copy_project(tmp_path)
-    gate = project / "sidecar" / "core" / "gate.py"
-    gate.write_text(gate.read_text() + "\nfrom sidecar.formats import qdrant  # noqa: E402\n")
+    core = project / "sidecar" / "core" / "decision_core.py"
+    core.write_text(core.read_text() + "\nfrom sidecar.formats import qdrant  # noqa: E402\n")
 
     result = _lint_imports(project)
 
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Layers: cli on top, the decision core at the bottom BROKEN" in result.stdout
-    assert "sidecar.core.gate -> sidecar.formats.qdrant" in result.stdout
+    assert "sidecar.core.decision_core -> sidecar.formats.qdrant" in result.stdout
 
 
 def test_sibling_packages_may_not_import_each_other(tmp_path: Path) -> None:
@@ -71,9 +71,32 @@ def test_sibling_packages_may_not_import_each_other(tmp_path: Path) -> None:
     assert "sidecar.identity.jwt -> sidecar.store.cache" in result.stdout
 
 
+def test_the_request_path_may_not_import_the_servicers(tmp_path: Path) -> None:
+    project = _copy_project(tmp_path)
+    plans = project / "sidecar" / "request" / "plans.py"
+    plans.write_text(plans.read_text() + "\nfrom sidecar.envoy import messages  # noqa: E402\n")
+
+    result = _lint_imports(project)
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "sidecar.request.plans -> sidecar.envoy.messages" in result.stdout
+
+
+def test_a_servicer_may_not_make_a_decision_itself(tmp_path: Path) -> None:
+    project = _copy_project(tmp_path)
+    servicer = project / "sidecar" / "envoy" / "ext_proc.py"
+    servicer.write_text(servicer.read_text() + "\nfrom sidecar import metrics  # noqa: E402\n")
+
+    result = _lint_imports(project)
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "The servicers hold no decision BROKEN" in result.stdout
+    assert "Layers: cli on top, the decision core at the bottom KEPT" in result.stdout
+
+
 def test_importing_the_core_loads_no_adapter() -> None:
     probe = (
-        "import sys, sidecar.core.gate, sidecar.core.hits, sidecar.core.policy\n"
+        "import sys, sidecar.core.decision_core, sidecar.core.hits, sidecar.core.policy\n"
         "loaded = sorted(m for m in sys.modules if m.startswith('sidecar.')"
         " and not m.startswith('sidecar.core'))\n"
         "print(','.join(loaded))\n"

@@ -12,7 +12,7 @@ import pytest
 from sidecar.audit.sink import NullAuditSink
 from sidecar.config import ConfigError, Settings, default_policy_dir, format_table, load_settings
 from sidecar.core.caller import Caller
-from sidecar.core.gate import Gate
+from sidecar.core.decision_core import DecisionCore
 from sidecar.core.hits import Route
 from sidecar.core.modes import RoutePolicies
 from sidecar.core.outcome import Outcome
@@ -201,7 +201,7 @@ def counted(tmp_path: Path) -> tuple[ResponseFilter, GateMetrics]:
     response_filter = ResponseFilter(
         formats=format_table(Settings()),
         store=store,
-        gate=Gate(RegorusEngine.from_directory(default_policy_dir())),
+        core=DecisionCore(RegorusEngine.from_directory(default_policy_dir())),
         audit=NullAuditSink(),
         metrics=metrics,
         policies=RoutePolicies(Settings().route_policy),

@@ -20,7 +20,7 @@ import pytest
 from sidecar.config import ConfigError, PolicyEngineName, default_policy_dir, load_settings
 from sidecar.core.caller import Caller
 from sidecar.core.chunk_record import ChunkRecord
-from sidecar.core.gate import Gate
+from sidecar.core.decision_core import DecisionCore
 from sidecar.core.hits import Candidate
 from sidecar.core.integrity import canonical_sha256
 from sidecar.core.policy import PolicyEngine, PolicyError
@@ -103,8 +103,8 @@ def test_the_gate_over_opa_decides_like_the_gate_over_regorus(
     candidates = [Candidate(i, cid, text_for(cid)) for i, cid in enumerate(records)]
     caller = Caller("acme", frozenset({"group:qa"}))
     now = datetime(2026, 1, 1, tzinfo=UTC)
-    over_opa = Gate(opa).decide(caller, candidates, records, (), now)
-    over_regorus = Gate(regorus_engine, verdict_cache_size=0).decide(
+    over_opa = DecisionCore(opa).decide(caller, candidates, records, (), now)
+    over_regorus = DecisionCore(regorus_engine, verdict_cache_size=0).decide(
         caller, candidates, records, (), now
     )
     assert [d.reasons for d in over_opa.decisions] == [d.reasons for d in over_regorus.decisions]
@@ -193,7 +193,7 @@ def test_a_down_opa_is_a_policy_error_and_recovery_needs_no_restart(
 def test_a_gate_over_a_failing_opa_admits_nothing(opa: OpaEngine, fake: FakeOpa) -> None:
     fake.misbehave(Misbehaviour.NOT_JSON)
     records = {"a": _with_text_hash(chunk_record("a", allowed_principals=("group:qa",)))}
-    verdict = Gate(opa).decide(
+    verdict = DecisionCore(opa).decide(
         Caller("acme", frozenset({"group:qa"})),
         [Candidate(0, "a", text_for("a"))],
         records,

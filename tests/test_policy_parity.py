@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from sidecar.config import default_policy_dir
 from sidecar.core.caller import Caller
 from sidecar.core.chunk_record import ChunkRecord, Status
-from sidecar.core.gate import Gate
+from sidecar.core.decision_core import DecisionCore
 from sidecar.core.hits import Candidate
 from sidecar.core.integrity import canonical_sha256
 from sidecar.core.policy import PolicyError
@@ -179,8 +179,10 @@ def test_gates_over_both_engines_decide_alike(
     caller = Caller(tenant, principals, drafts)
     candidates = [Candidate(i, cid, f"text {cid}") for i, cid in enumerate(found)]
     now = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(hours=hours)
-    over_opa = Gate(opa).decide(caller, candidates, found, (), now)
-    over_regorus = Gate(regorus, verdict_cache_size=0).decide(caller, candidates, found, (), now)
+    over_opa = DecisionCore(opa).decide(caller, candidates, found, (), now)
+    over_regorus = DecisionCore(regorus, verdict_cache_size=0).decide(
+        caller, candidates, found, (), now
+    )
     assert not over_opa.policy_failed
     assert [d.reasons for d in over_opa.decisions] == [d.reasons for d in over_regorus.decisions]
 

@@ -42,7 +42,7 @@ from sidecar.config import (
 )
 from sidecar.core.caller import Caller
 from sidecar.core.chunk_record import ChunkRecord
-from sidecar.core.gate import Gate
+from sidecar.core.decision_core import DecisionCore
 from sidecar.core.hits import Route
 from sidecar.core.integrity import canonical_sha256
 from sidecar.core.modes import Mode, RoutePolicies
@@ -140,7 +140,7 @@ class Traced:
         self.filter = ResponseFilter(
             formats=format_table(settings),
             store=self.store,
-            gate=Gate(POLICY),
+            core=DecisionCore(POLICY),
             audit=JsonlAuditSink(self.audit_path),
             metrics=GateMetrics(),
             policies=RoutePolicies(settings.route_policy),

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from sidecar.config import default_policy_dir
 from sidecar.core.caller import Caller
 from sidecar.core.chunk_record import ChunkRecord, Status
-from sidecar.core.gate import DEFAULT_VERDICT_CACHE_SIZE, Gate
+from sidecar.core.decision_core import DEFAULT_VERDICT_CACHE_SIZE, DecisionCore
 from sidecar.core.hits import Candidate
 from sidecar.core.policy import PolicyError, to_epoch_ns
 from sidecar.core.reasons import Reason
@@ -65,7 +65,7 @@ def candidate(chunk_id: str, position: int = 0, text: str | None = None) -> Cand
 
 
 def decide(
-    gate: Gate,
+    gate: DecisionCore,
     *records: ChunkRecord,
     caller: Caller = ALICE,
     now: datetime = NOW,
@@ -83,8 +83,8 @@ def engine() -> Counting:
 
 
 @pytest.fixture
-def gate(engine: Counting) -> Gate:
-    return Gate(engine)
+def gate(engine: Counting) -> DecisionCore:
+    return DecisionCore(engine)
 
 
 # The declaration
@@ -92,7 +92,7 @@ def gate(engine: Counting) -> Gate:
 
 def test_the_bundled_policy_declares_itself_time_pure() -> None:
     assert REAL.time_pure is True
-    cache = Gate(REAL).verdict_cache
+    cache = DecisionCore(REAL).verdict_cache
     assert cache is not None
     assert cache.maxsize == DEFAULT_VERDICT_CACHE_SIZE
 
@@ -107,7 +107,7 @@ def without_declaration() -> dict[str, str]:
 def test_a_policy_without_the_declaration_gets_no_cache() -> None:
     engine = Counting(RegorusEngine(without_declaration()))
     assert engine.time_pure is False
-    gate = Gate(engine)
+    gate = DecisionCore(engine)
     assert gate.verdict_cache is None
     decide(gate, record())
     decide(gate, record())
@@ -123,7 +123,7 @@ def test_an_engine_that_declares_itself_not_time_pure_gets_no_cache() -> None:
         def evaluate(self, policy_input: Mapping[str, Any]) -> Mapping[str, list[str]]:
             return {c["id"]: [] for c in policy_input["chunks"]}
 
-    assert Gate(Plain()).verdict_cache is None
+    assert DecisionCore(Plain()).verdict_cache is None
 
 
 @pytest.mark.parametrize(
@@ -179,8 +179,8 @@ def test_the_declaration_sits_next_to_a_custom_reasons_rule() -> None:
 
 def test_a_negative_size_is_refused_and_zero_turns_the_cache_off(engine: Counting) -> None:
     with pytest.raises(ValueError, match="negative"):
-        Gate(engine, verdict_cache_size=-1)
-    gate = Gate(engine, verdict_cache_size=0)
+        DecisionCore(engine, verdict_cache_size=-1)
+    gate = DecisionCore(engine, verdict_cache_size=0)
     assert gate.verdict_cache is None
     decide(gate, record())
     decide(gate, record())
@@ -190,7 +190,7 @@ def test_a_negative_size_is_refused_and_zero_turns_the_cache_off(engine: Countin
 # Hits and misses
 
 
-def test_a_second_response_is_decided_without_rego(gate: Gate, engine: Counting) -> None:
+def test_a_second_response_is_decided_without_rego(gate: DecisionCore, engine: Counting) -> None:
     records = [record("c1"), record("c2", status="revoked")]
     first = decide(gate, *records)
     second = decide(gate, *records)
@@ -198,13 +198,15 @@ def test_a_second_response_is_decided_without_rego(gate: Gate, engine: Counting)
     assert engine.evaluated == [["c1", "c2"]]
 
 
-def test_only_uncached_chunks_are_evaluated_in_one_call(gate: Gate, engine: Counting) -> None:
+def test_only_uncached_chunks_are_evaluated_in_one_call(
+    gate: DecisionCore, engine: Counting
+) -> None:
     decide(gate, record("c1"))
     decide(gate, record("c1"), record("c2"), record("c3", tenant_id="globex"))
     assert engine.evaluated == [["c1"], ["c2", "c3"]]
 
 
-def test_the_verdict_says_how_many_verdicts_came_from_the_cache(gate: Gate) -> None:
+def test_the_verdict_says_how_many_verdicts_came_from_the_cache(gate: DecisionCore) -> None:
     cands = [candidate("c1", 0), candidate("c2", 1), candidate("c1", 2)]
     records = {"c1": record("c1"), "c2": record("c2")}
     first = gate.decide(ALICE, cands, records, frozenset(), NOW)
@@ -217,7 +219,7 @@ def test_the_verdict_says_how_many_verdicts_came_from_the_cache(gate: Gate) -> N
 
 
 def test_a_record_revoked_after_a_cached_admission_is_rejected(
-    gate: Gate, engine: Counting
+    gate: DecisionCore, engine: Counting
 ) -> None:
     admitted = record("c1")
     assert decide(gate, admitted) == [()]
@@ -239,7 +241,7 @@ def test_a_record_revoked_after_a_cached_admission_is_rejected(
     ],
 )
 def test_any_change_of_a_cached_record_is_decided_afresh(
-    gate: Gate, change: dict[str, Any], expected: Reason
+    gate: DecisionCore, change: dict[str, Any], expected: Reason
 ) -> None:
     admitted = record("c1")
     decide(gate, admitted)
@@ -247,7 +249,7 @@ def test_any_change_of_a_cached_record_is_decided_afresh(
 
 
 def test_the_record_as_it_was_still_hits_after_the_change_is_undone(
-    gate: Gate, engine: Counting
+    gate: DecisionCore, engine: Counting
 ) -> None:
     # Equal content, new object (as a store lookup returns it): a hit.
     decide(gate, record("c1"))
@@ -258,7 +260,9 @@ def test_the_record_as_it_was_still_hits_after_the_change_is_undone(
 # Validity boundaries
 
 
-def test_a_cached_admission_ends_exactly_at_expires_at(gate: Gate, engine: Counting) -> None:
+def test_a_cached_admission_ends_exactly_at_expires_at(
+    gate: DecisionCore, engine: Counting
+) -> None:
     expiring = record("c1", expires_at="2026-06-01T12:00:00Z")
     assert decide(gate, expiring, now=NOW - timedelta(hours=1)) == [()]
     assert decide(gate, expiring, now=NOW - TICK) == [()]
@@ -269,7 +273,7 @@ def test_a_cached_admission_ends_exactly_at_expires_at(gate: Gate, engine: Count
 
 
 def test_a_verdict_decided_exactly_at_a_boundary_is_not_cached(
-    gate: Gate, engine: Counting
+    gate: DecisionCore, engine: Counting
 ) -> None:
     # Whether "now == expires_at" is inside depends on the policy's < or <=;
     # caching it for the interval after would stretch a policy's off-by-one
@@ -280,7 +284,9 @@ def test_a_verdict_decided_exactly_at_a_boundary_is_not_cached(
     assert len(engine.evaluated) == 2
 
 
-def test_a_cached_rejection_ends_exactly_at_effective_at(gate: Gate, engine: Counting) -> None:
+def test_a_cached_rejection_ends_exactly_at_effective_at(
+    gate: DecisionCore, engine: Counting
+) -> None:
     future = record("c1", effective_at="2026-06-01T12:00:00Z")
     assert decide(gate, future, now=NOW - timedelta(days=3)) == [(Reason.NOT_YET_EFFECTIVE,)]
     assert decide(gate, future, now=NOW - TICK) == [(Reason.NOT_YET_EFFECTIVE,)]
@@ -289,7 +295,9 @@ def test_a_cached_rejection_ends_exactly_at_effective_at(gate: Gate, engine: Cou
     assert len(engine.evaluated) == 2
 
 
-def test_a_record_with_both_boundaries_has_three_intervals(gate: Gate, engine: Counting) -> None:
+def test_a_record_with_both_boundaries_has_three_intervals(
+    gate: DecisionCore, engine: Counting
+) -> None:
     window = record("c1", effective_at="2026-06-01T12:00:00Z", expires_at="2026-06-02T12:00:00Z")
     timeline = [
         (NOW - TICK, (Reason.NOT_YET_EFFECTIVE,)),
@@ -304,7 +312,7 @@ def test_a_record_with_both_boundaries_has_three_intervals(gate: Gate, engine: C
     assert len(engine.evaluated) == 3
 
 
-def test_a_clock_that_steps_back_leaves_the_interval(gate: Gate) -> None:
+def test_a_clock_that_steps_back_leaves_the_interval(gate: DecisionCore) -> None:
     expiring = record("c1", expires_at="2026-06-01T12:00:00Z")
     assert decide(gate, expiring, now=NOW) == [(Reason.EXPIRED,)]
     assert decide(gate, expiring, now=NOW - TICK) == [()]
@@ -313,7 +321,7 @@ def test_a_clock_that_steps_back_leaves_the_interval(gate: Gate) -> None:
 # Keys: caller and policy version
 
 
-def test_each_principal_set_has_its_own_entry(gate: Gate, engine: Counting) -> None:
+def test_each_principal_set_has_its_own_entry(gate: DecisionCore, engine: Counting) -> None:
     shared = record("c1")
     hr = Caller("acme", frozenset({"user:bob", "group:hr"}))
     assert decide(gate, shared) == [()]
@@ -323,7 +331,7 @@ def test_each_principal_set_has_its_own_entry(gate: Gate, engine: Counting) -> N
     assert len(engine.evaluated) == 2
 
 
-def test_a_principal_added_to_the_set_is_a_new_entry(gate: Gate) -> None:
+def test_a_principal_added_to_the_set_is_a_new_entry(gate: DecisionCore) -> None:
     hr_only = record("c1", allowed_principals=["group:hr"])
     assert decide(gate, hr_only) == [(Reason.PRINCIPAL_MISMATCH,)]
     promoted = Caller("acme", ALICE.principals | {"group:hr"})
@@ -331,7 +339,7 @@ def test_a_principal_added_to_the_set_is_a_new_entry(gate: Gate) -> None:
     assert decide(gate, hr_only) == [(Reason.PRINCIPAL_MISMATCH,)]
 
 
-def test_tenant_and_drafts_scope_are_part_of_the_key(gate: Gate) -> None:
+def test_tenant_and_drafts_scope_are_part_of_the_key(gate: DecisionCore) -> None:
     draft = record("c1", status="draft")
     assert decide(gate, draft) == [(Reason.STATUS_DRAFT,)]
     editor = dataclasses.replace(ALICE, drafts_allowed=True)
@@ -356,7 +364,7 @@ def test_a_new_policy_version_misses() -> None:
 
 def test_a_gate_whose_engine_reports_a_new_version_evaluates_again() -> None:
     engine = Counting()
-    gate = Gate(engine)
+    gate = DecisionCore(engine)
     decide(gate, record("c1"))
     engine.version = "sha256:reloaded"
     decide(gate, record("c1"))
@@ -367,7 +375,7 @@ def test_a_gate_whose_engine_reports_a_new_version_evaluates_again() -> None:
 # What is never cached
 
 
-def test_integrity_is_checked_on_every_response(gate: Gate, engine: Counting) -> None:
+def test_integrity_is_checked_on_every_response(gate: DecisionCore, engine: Counting) -> None:
     rec = record("c1")
     assert decide(gate, rec) == [()]
     edited = text_for("c1") + " (edited in the index)"
@@ -376,7 +384,7 @@ def test_integrity_is_checked_on_every_response(gate: Gate, engine: Counting) ->
     assert engine.evaluated == [["c1"]]
 
 
-def test_a_cached_rejection_still_gets_the_hash_mismatch(gate: Gate) -> None:
+def test_a_cached_rejection_still_gets_the_hash_mismatch(gate: DecisionCore) -> None:
     revoked = record("c1", status="revoked")
     decide(gate, revoked)
     assert decide(gate, revoked, texts={"c1": "other"}) == [
@@ -384,7 +392,7 @@ def test_a_cached_rejection_still_gets_the_hash_mismatch(gate: Gate) -> None:
     ]
 
 
-def test_a_withdrawn_signature_rejects_a_cached_admission(gate: Gate) -> None:
+def test_a_withdrawn_signature_rejects_a_cached_admission(gate: DecisionCore) -> None:
     signed = dataclasses.replace(record("c1", requires_signature=True), signature_valid=True)
     assert decide(gate, signed) == [()]
     assert decide(gate, dataclasses.replace(signed, signature_valid=False)) == [
@@ -393,7 +401,7 @@ def test_a_withdrawn_signature_rejects_a_cached_admission(gate: Gate) -> None:
 
 
 def test_a_policy_failure_fails_cached_chunks_too_and_caches_nothing(
-    gate: Gate, engine: Counting
+    gate: DecisionCore, engine: Counting
 ) -> None:
     decide(gate, record("c1"))
     engine.fail = True
@@ -418,13 +426,13 @@ def test_a_chunk_the_policy_says_nothing_about_is_not_cached() -> None:
             return {}
 
     engine = Silent()
-    gate = Gate(engine)
+    gate = DecisionCore(engine)
     assert decide(gate, record("c1")) == [(Reason.POLICY_ERROR,)]
     assert decide(gate, record("c1")) == [(Reason.POLICY_ERROR,)]
     assert len(engine.evaluated) == 2
 
 
-def test_unavailable_and_missing_records_never_reach_the_cache(gate: Gate) -> None:
+def test_unavailable_and_missing_records_never_reach_the_cache(gate: DecisionCore) -> None:
     verdict = gate.decide(
         ALICE, [candidate("c1", 0), candidate("c2", 1)], {}, frozenset({"c1"}), NOW
     )
@@ -439,7 +447,7 @@ def test_unavailable_and_missing_records_never_reach_the_cache(gate: Gate) -> No
 
 
 def test_the_cache_is_bounded_and_drops_the_least_recently_used(engine: Counting) -> None:
-    gate = Gate(engine, verdict_cache_size=3)
+    gate = DecisionCore(engine, verdict_cache_size=3)
     for name in ("c1", "c2", "c3"):
         decide(gate, record(name))
     decide(gate, record("c1"))  # c1 is now the most recently used
@@ -453,14 +461,14 @@ def test_the_cache_is_bounded_and_drops_the_least_recently_used(engine: Counting
     assert engine.evaluated == [["c2"]]
 
 
-def test_clear_forgets_everything(gate: Gate, engine: Counting) -> None:
+def test_clear_forgets_everything(gate: DecisionCore, engine: Counting) -> None:
     decide(gate, record("c1"))
     gate.clear_verdict_cache()
     decide(gate, record("c1"))
     assert len(engine.evaluated) == 2
 
 
-def test_an_equal_record_built_anew_is_a_hit(gate: Gate, engine: Counting) -> None:
+def test_an_equal_record_built_anew_is_a_hit(gate: DecisionCore, engine: Counting) -> None:
     # A store read without the metadata cache returns a new object each time:
     # equal field for field, it is the record the entry was decided for.
     assert decide(gate, record("c1")) == [()]
@@ -468,7 +476,7 @@ def test_an_equal_record_built_anew_is_a_hit(gate: Gate, engine: Counting) -> No
     assert len(engine.evaluated) == 1
 
 
-def test_an_unhashable_record_is_decided_and_cached(gate: Gate, engine: Counting) -> None:
+def test_an_unhashable_record_is_decided_and_cached(gate: DecisionCore, engine: Counting) -> None:
     # Entries are found by chunk id and compared field by field: nothing is hashed.
     odd = dataclasses.replace(record("c1"), allowed_principals=["group:qa"])  # type: ignore[arg-type]
     assert decide(gate, odd) == [()]
@@ -522,8 +530,8 @@ def test_the_cache_never_changes_a_decision(data: st.DataObject) -> None:
     # A small pool of record versions, so that the same record comes back for
     # other callers, at other times, and after other versions of it.
     pool = data.draw(st.lists(records_strategy(), min_size=1, max_size=5))
-    cached = Gate(REAL, verdict_cache_size=4)
-    uncached = Gate(REAL, verdict_cache_size=0)
+    cached = DecisionCore(REAL, verdict_cache_size=4)
+    uncached = DecisionCore(REAL, verdict_cache_size=0)
     for _ in range(data.draw(st.integers(1, 12))):
         picked = data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=4))
         caller = data.draw(st.sampled_from(_CALLERS))

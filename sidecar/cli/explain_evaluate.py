@@ -23,7 +23,7 @@ from sidecar.config import Settings
 from sidecar.core.caller import Caller
 from sidecar.core.chunk_record import ChunkRecord
 from sidecar.core.decision import ChunkDecision
-from sidecar.core.gate import Gate
+from sidecar.core.decision_core import DecisionCore
 from sidecar.core.hits import Candidate
 from sidecar.core.policy import PolicyError
 from sidecar.core.reasons import ReasonOrder
@@ -56,7 +56,7 @@ def failure(message: str) -> CannotExplain:
     return CannotExplain(message, ExitCode.FAILED)
 
 
-def build_gate(settings: Settings) -> tuple[Gate, str, str]:
+def build_gate(settings: Settings) -> tuple[DecisionCore, str, str]:
     """The decision core with the sidecar's chunk policy (built as the sidecar builds
     it), the policy's version and where it comes from."""
     try:
@@ -64,7 +64,7 @@ def build_gate(settings: Settings) -> tuple[Gate, str, str]:
     except PolicyError as exc:
         raise failure(f"policy: {exc}") from exc
     # No verdict cache: every chunk is evaluated, once.
-    gate = Gate(policy, ReasonOrder(settings.custom_reasons), verdict_cache_size=0)
+    gate = DecisionCore(policy, ReasonOrder(settings.custom_reasons), verdict_cache_size=0)
     return gate, policy.version, source
 
 
@@ -96,7 +96,7 @@ def lookup(url: str, chunk_ids: Collection[str]) -> dict[str, ChunkRecord]:
 
 
 def decide(
-    gate: Gate,
+    gate: DecisionCore,
     caller: Caller,
     chunk_ids: Sequence[str],
     records: Mapping[str, ChunkRecord],

@@ -17,7 +17,7 @@ from datetime import datetime
 from sidecar.core.caller import Caller
 from sidecar.core.chunk_record import ChunkRecord
 from sidecar.core.decision import Verdict
-from sidecar.core.gate import Gate
+from sidecar.core.decision_core import DecisionCore
 from sidecar.core.hits import Candidate, Replacement
 from sidecar.core.reasons import Reason
 from sidecar.store.cache import CachedStore, Lookup
@@ -28,7 +28,7 @@ from sidecar.tracing import NO_TRACING, Tracing
 # thread would not free the loop either), so a large body is decided in slices
 # with a turn for other streams after each. Measured on the 2-core build
 # machine with every record present: a SQLite lookup costs about 29 us per id,
-# and Gate.decide 19 us per candidate in slices of 256 but 57 us in one batch
+# and DecisionCore.decide 19 us per candidate in slices of 256 but 57 us in one batch
 # of 4,096 (Rego's cost grows faster than the batch). So no slice holds the
 # loop much past 5-30 ms, and responses of up to 256 hits take one of each.
 _LOOKUP_SLICE = 1024
@@ -61,12 +61,12 @@ class Decider:
     def __init__(
         self,
         store: CachedStore,
-        gate: Gate,
+        core: DecisionCore,
         clock: Callable[[], datetime],
         tracing: Tracing = NO_TRACING,
     ) -> None:
         self._store = store
-        self._gate = gate
+        self._core = core
         self._clock = clock
         self._tracing = tracing
 
@@ -105,25 +105,25 @@ class Decider:
     async def _decide(
         self, caller: Caller, candidates: Sequence[Candidate], lookup: Lookup, now: datetime
     ) -> Verdict:
-        """``Gate.decide``, in slices of ``_DECIDE_SLICE`` candidates for a large body.
+        """``DecisionCore.decide``, in slices of ``_DECIDE_SLICE`` candidates for a large body.
 
         Every slice is decided at the same ``now`` against the same lookup, so
         the verdict is the one a single call would give. The verdict-cache
         counts are per slice: a record repeated in two slices counts twice.
         """
-        gate = self._gate
-        if gate.evaluates_remotely:
+        core = self._core
+        if core.evaluates_remotely:
             # An OPA round trip: the loop must serve other streams while it waits
             # (no verdict cache is kept for such an engine, so a thread is safe).
             return await asyncio.to_thread(
-                gate.decide, caller, candidates, lookup.records, lookup.unavailable, now
+                core.decide, caller, candidates, lookup.records, lookup.unavailable, now
             )
         if len(candidates) <= _DECIDE_SLICE:
-            return gate.decide(caller, candidates, lookup.records, lookup.unavailable, now)
+            return core.decide(caller, candidates, lookup.records, lookup.unavailable, now)
         parts = []
         for start in range(0, len(candidates), _DECIDE_SLICE):
             part = candidates[start : start + _DECIDE_SLICE]
-            parts.append(gate.decide(caller, part, lookup.records, lookup.unavailable, now))
+            parts.append(core.decide(caller, part, lookup.records, lookup.unavailable, now))
             await asyncio.sleep(0)
         return Verdict(
             decisions=tuple(d for part in parts for d in part.decisions),
@@ -164,7 +164,7 @@ class Decider:
             for position, chunk_id in wanted.items()
             if chunk_id in lookup.records
         ]
-        decided = self._gate.decide(caller, successors, lookup.records, lookup.unavailable, now)
+        decided = self._core.decide(caller, successors, lookup.records, lookup.unavailable, now)
         return {
             d.position: Replacement(d.chunk_id, text)
             for d, candidate in zip(decided.decisions, successors, strict=True)

@@ -28,7 +28,7 @@ from sidecar import refusals
 from sidecar.audit.record import UpstreamError
 from sidecar.audit.sink import AuditError, AuditSink
 from sidecar.core.caller import Caller
-from sidecar.core.gate import Gate
+from sidecar.core.decision_core import DecisionCore
 from sidecar.core.hits import Candidate, Route
 from sidecar.core.modes import Mode, RoutePolicies, RoutePolicy
 from sidecar.core.outcome import Outcome
@@ -179,7 +179,7 @@ class ResponseFilter:
         *,
         formats: FormatTable,
         store: CachedStore,
-        gate: Gate,
+        core: DecisionCore,
         audit: AuditSink,
         metrics: GateMetrics,
         policies: RoutePolicies,
@@ -196,9 +196,9 @@ class ResponseFilter:
         self._max_hits = max_hits
         self._collection_label = metrics.collection_label
         self._tracing = Tracing(tracer)
-        self._decider = Decider(store, gate, clock, self._tracing)
+        self._decider = Decider(store, core, clock, self._tracing)
         self._recorder = Recorder(
-            audit, metrics, clock, verdict_cache_on=gate.verdict_cache is not None
+            audit, metrics, clock, verdict_cache_on=core.verdict_cache is not None
         )
 
     def format_for(self, route: Route) -> ResponseFormat | None:

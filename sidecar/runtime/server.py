@@ -17,7 +17,7 @@ from sidecar.audit.jsonl import JsonlAuditSink
 from sidecar.audit.postgres import PostgresAuditSink
 from sidecar.audit.sink import AuditSink, NullAuditSink
 from sidecar.config import ConfigError, IdentityMode, PolicyEngineName, Settings, format_table
-from sidecar.core.gate import Gate
+from sidecar.core.decision_core import DecisionCore
 from sidecar.core.modes import RoutePolicies
 from sidecar.core.policy import PolicyEngine, PolicyError, RequestPolicyEngine
 from sidecar.core.reasons import ReasonOrder
@@ -226,7 +226,7 @@ class Sidecar:
             # OPA rule) is its revision: the dashboard shows what decides.
             metrics.policy_activated(policy.version, None)
             metrics.preset_bundle_refusals(REFUSAL_REASONS)
-        gate = Gate(
+        core = DecisionCore(
             policy,
             ReasonOrder(settings.custom_reasons),
             verdict_cache_size=settings.verdict_cache_size,
@@ -238,7 +238,7 @@ class Sidecar:
         response_filter = ResponseFilter(
             formats=formats,
             store=store,
-            gate=gate,
+            core=core,
             audit=audit,
             metrics=metrics,
             policies=policies,

@@ -1,6 +1,6 @@
 """The decision core: caller + candidates + records + clock -> one decision per chunk.
 
-Pure: no I/O, no Envoy, no HTTP. The caller of :meth:`Gate.decide` has already
+Pure: no I/O, no Envoy, no HTTP. The caller of :meth:`DecisionCore.decide` has already
 looked the candidates up in the metadata store; the gate runs the checks that
 need no policy (shape, presence, integrity of the text and of the hashed payload
 fields), evaluates the Rego policy once for the whole batch, and merges
@@ -55,7 +55,7 @@ def _fields_match(fields: str, expected_sha256: str | None) -> bool:
         return False
 
 
-class Gate:
+class DecisionCore:
     """Decides, per candidate chunk, whether this caller may use it now."""
 
     def __init__(
