@@ -26,11 +26,14 @@ from cpu import process_tree  # noqa: E402
 from traffic import Load, records, upstream_body  # noqa: E402
 
 from sidecar.runtime.ports import free_port  # noqa: E402
+from tests.fixtures.bundles import (  # noqa: E402
+    blocking_files,
+    make_bundle,
+    rsa_pair,
+)
 from tests.fixtures.fake_opa import FakeOpa  # noqa: E402
 from tests.fixtures.postgres import fresh_database  # noqa: E402
 from tests.harness import GateStack, http  # noqa: E402
-from tests.test_bundle import make_bundle, rsa_pair  # noqa: E402
-from tests.test_policy_reload import blocking_files  # noqa: E402
 
 UPSTREAM = Path(__file__).resolve().parent / "fault_upstream.py"
 MAX_BODY_BYTES = 256 * 1024

@@ -10,84 +10,16 @@ from __future__ import annotations
 import hashlib
 import io
 import tarfile
-from collections.abc import Mapping
-from pathlib import Path
 
 import jwt
 import orjson
 import pytest
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from sidecar.rego import bundle as bundle_module
 from sidecar.rego.bundle import BundleError, read_bundle
-
-POLICIES = Path(__file__).resolve().parent.parent / "policies"
-
-
-def policy_files(*, with_tests: bool = True) -> dict[str, bytes]:
-    """The bundled policies as bundle members under ``retrieval_gate/``."""
-    return {
-        f"retrieval_gate/{path.name}": path.read_bytes()
-        for path in sorted(POLICIES.glob("*.rego"))
-        if with_tests or not path.name.endswith("_test.rego")
-    }
-
-
-def make_bundle(
-    files: Mapping[str, bytes],
-    *,
-    revision: str | None = "r1",
-    roots: list[str] | None = None,
-    private_key: bytes | None = None,
-    algorithm: str = "RS256",
-    leading_slash: bool = True,
-) -> bytes:
-    """A ``.tar.gz`` bundle of ``files`` with a ``.manifest``, signed with ``private_key``."""
-    members = dict(files)
-    if revision is not None:
-        manifest: dict[str, object] = {"revision": revision}
-        if roots is not None:
-            manifest["roots"] = roots
-        members[".manifest"] = orjson.dumps(manifest)
-    if private_key is not None:
-        members[".signatures.json"] = signatures_for(members, private_key, algorithm)
-    return tar_gz(members, leading_slash=leading_slash)
-
-
-def signatures_for(members: Mapping[str, bytes], private_key: bytes, algorithm: str) -> bytes:
-    """A ``.signatures.json`` over ``members``, as ``opa sign`` writes it."""
-    listed = [
-        {"name": name, "hash": hashlib.sha256(content).hexdigest(), "algorithm": "SHA-256"}
-        for name, content in sorted(members.items())
-    ]
-    token = jwt.encode({"files": listed}, private_key, algorithm=algorithm)
-    return orjson.dumps({"signatures": [token]})
-
-
-def tar_gz(members: Mapping[str, bytes], *, leading_slash: bool = True) -> bytes:
-    """``members`` (name -> bytes) as a gzipped tar archive."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-        for name, content in members.items():
-            info = tarfile.TarInfo(("/" if leading_slash else "") + name)
-            info.size = len(content)
-            archive.addfile(info, io.BytesIO(content))
-    return buffer.getvalue()
-
-
-def rsa_pair() -> tuple[bytes, bytes]:
-    """A new RSA key pair: (private PEM, public PEM)."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    public = key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    return private, public
+from tests.fixtures.bundles import make_bundle, policy_files, rsa_pair, signatures_for, tar_gz
 
 
 @pytest.fixture(scope="module")

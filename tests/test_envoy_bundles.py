@@ -20,10 +20,9 @@ import pytest
 
 from sidecar.demo.upstream import CannedResponse
 from tests.fixtures import qdrant_bodies as qb
+from tests.fixtures.bundles import blocking_files, make_bundle, rsa_pair, signatures_for, tar_gz
 from tests.fixtures.records import record_dict, text_for
 from tests.harness import GateStack, HttpResult, search_ids, wait_until
-from tests.test_bundle import make_bundle, rsa_pair, signatures_for, tar_gz
-from tests.test_policy_reload import blocking_files
 
 pytestmark = pytest.mark.envoy
 

@@ -19,9 +19,9 @@ from qdrant_client.http import models
 from sidecar.core.hits import Route
 from sidecar.demo.upstream import CannedResponse
 from tests.fixtures import qdrant_bodies as qb
+from tests.fixtures.qdrant_models import RESPONSE_MODELS
 from tests.fixtures.records import record_dict, text_for
 from tests.harness import CLI, GateStack
-from tests.test_format_qdrant import RESPONSE_MODELS
 
 pytestmark = pytest.mark.envoy
 

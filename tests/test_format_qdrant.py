@@ -15,8 +15,6 @@ import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pydantic import BaseModel, create_model
-from qdrant_client.http import models
 
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
 from sidecar.formats.base import SUBSTITUTED_FOR, AbsentAnswer, MalformedBody, ParsedBody
@@ -40,6 +38,7 @@ from tests.fixtures.qdrant_bodies import (
     scroll_body,
     search_body,
 )
+from tests.fixtures.qdrant_models import RESPONSE_MODELS
 from tests.format_strategies import PROPERTIES, json_values
 
 UUID_A = "5c56c793-69f3-4fbf-87e6-c4bf54c28c26"
@@ -56,38 +55,6 @@ USAGE = {
 }
 
 
-def _envelope_model(name: str, result: Any) -> type[BaseModel]:
-    # The installed qdrant-client no longer ships the search/recommend/discover
-    # endpoints, so their InlineResponse wrappers are gone; this is the same
-    # wrapper around the same result type.
-    return create_model(
-        name,
-        usage=(models.Usage | None, None),
-        time=(float | None, None),
-        status=(str | None, None),
-        result=(result | None, None),
-    )
-
-
-_SCORED_LIST = _envelope_model("ScoredPointsResponse", list[models.ScoredPoint])
-_SCORED_BATCH = _envelope_model("ScoredPointBatchResponse", list[list[models.ScoredPoint]])
-
-RESPONSE_MODELS: dict[str, type[BaseModel]] = {
-    "": models.InlineResponse20017,  # List[Record]
-    "search": _SCORED_LIST,
-    "search/batch": _SCORED_BATCH,
-    "search/groups": models.InlineResponse20024,  # GroupsResult
-    "query": models.InlineResponse20022,  # QueryResponse
-    "query/batch": models.InlineResponse20023,  # List[QueryResponse]
-    "query/groups": models.InlineResponse20024,
-    "recommend": _SCORED_LIST,
-    "recommend/batch": _SCORED_BATCH,
-    "recommend/groups": models.InlineResponse20024,
-    "discover": _SCORED_LIST,
-    "discover/batch": _SCORED_BATCH,
-    "scroll": models.InlineResponse20019,  # ScrollResult
-    "{id}": models.InlineResponse20016,  # Record
-}
 SUFFIXES = sorted(RESPONSE_MODELS)
 
 

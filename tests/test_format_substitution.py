@@ -9,7 +9,7 @@ from sidecar.formats.base import SUBSTITUTED_FOR
 from sidecar.formats.options import AdapterOptions
 from sidecar.formats.qdrant.rest import QdrantFormat
 from tests.fixtures import qdrant_bodies as qb
-from tests.test_format_qdrant import RESPONSE_MODELS
+from tests.fixtures.qdrant_models import RESPONSE_MODELS
 
 
 def test_point_id_mode_replaces_id_and_text_and_keeps_the_rest() -> None:

@@ -26,8 +26,8 @@ from sidecar.formats.grpc_frames import frame, messages
 from sidecar.formats.milvus.grpc import MilvusGrpcFormat
 from sidecar.formats.milvus.rest_request import string_literal
 from tests.fixtures import milvus_grpc_bodies as mb
+from tests.fixtures.milvus_expressions import attempts, encloses, reference_tokens
 from tests.format_strategies import PROPERTIES
-from tests.test_milvus_request import _attempts, _encloses, _reference_tokens
 
 FMT = MilvusGrpcFormat()
 PARAMS = {"metric_type": "L2", "params": {"nprobe": 4}}
@@ -385,7 +385,7 @@ def _filters(out: Any, kind: str) -> list[str]:
 
 @PROPERTIES
 @given(
-    app_filter=_attempts,
+    app_filter=attempts,
     tenant=st.text(max_size=12),
     kind=st.sampled_from(["search", "hybrid", "query"]),
 )
@@ -401,11 +401,11 @@ def test_property_every_forwarded_filter_encloses_the_app_filter(
     assert json.loads(literal) == tenant
     for expression in _filters(out, kind):
         assert expression.startswith(prefix)
-        tokens = _reference_tokens(expression)
+        tokens = reference_tokens(expression)
         assert tokens is not None
         assert tokens[0] == ("literal", len("tenant == "), len(prefix))
         if expression != prefix:
-            assert _encloses(expression, len(prefix) + len(" and "))
+            assert encloses(expression, len(prefix) + len(" and "))
 
 
 @PROPERTIES

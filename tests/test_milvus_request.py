@@ -1,13 +1,7 @@
 """Milvus REST v2 requests: tenant push-down into filter expressions, over-fetch, collections.
 
-The filter grammar is the proxy's (milvus-io/milvus,
-internal/parser/planparserv2/Plan.g4). ``_reference_tokens`` is a second,
-regex-based reading of its lexer rules for what can hide a parenthesis
-(``StringLiteral``, ``RawStringLiteral``: a quote, then characters other
-than the quote, a backslash or a line break, or a backslash and any
-character but a line break, or, in a plain literal, a backslash-newline,
-then the quote), written from the grammar and not from the rewriter's
-scanner. The properties check the rewriter against it: an expression the
+The properties check the rewriter against a second reading of the filter
+lexer (``tests/fixtures/milvus_expressions.py``): an expression the
 gate forwards always has the gate's parentheses around the whole app
 filter, and the tenant's literal always decodes to the tenant.
 """
@@ -27,6 +21,12 @@ from sidecar.core.hits import Route
 from sidecar.formats.base import MalformedRequest, RequestRewrite, UnfilterableRequest
 from sidecar.formats.milvus.rest import MilvusFormat
 from sidecar.formats.milvus.rest_request import expression_problem, string_literal, tenant_field
+from tests.fixtures.milvus_expressions import (
+    attempts,
+    balanced,
+    encloses,
+    reference_tokens,
+)
 from tests.format_strategies import PROPERTIES
 
 FMT = MilvusFormat()
@@ -63,66 +63,6 @@ def refused(body: dict[str, Any], action: str = "search", **kwargs: Any) -> str:
         rewrite(body, action, **kwargs)
     assert raised.value.code == "request_not_filterable"
     return str(raised.value)
-
-
-# -- a second reading of the lexer --------------------------------------------------
-
-_LITERALS = {
-    '"': re.compile(r'"(?:[^"\\\r\n]|\\[^\r\n]|\\\r?\n)*"'),
-    "'": re.compile(r"'(?:[^'\\\r\n]|\\[^\r\n]|\\\r?\n)*'"),
-}
-
-
-def _reference_tokens(text: str) -> list[tuple[str, int, int]] | None:
-    """The string literals and parentheses of ``text`` as ``(kind, start, end)``;
-    None where the lexer fails on something that could hide or show a parenthesis."""
-    tokens: list[tuple[str, int, int]] = []
-    at = 0
-    while at < len(text):
-        char = text[at]
-        if char in _LITERALS:
-            found = _LITERALS[char].match(text, at)
-            if found is None:
-                return None
-            tokens.append(("literal", at, found.end()))
-            at = found.end()
-            continue
-        if char == "\\":
-            return None
-        if char in "()":
-            tokens.append((char, at, at + 1))
-        at += 1
-    return tokens
-
-
-def _encloses(expression: str, open_at: int) -> bool:
-    """True when the ``(`` at ``open_at`` closes exactly at the end of ``expression``."""
-    tokens = _reference_tokens(expression)
-    assert tokens is not None, "the gate forwarded an expression the lexer fails on"
-    depth = 0
-    for kind, start, _ in tokens:
-        if start < open_at:
-            continue
-        if kind == "(":
-            depth += 1
-        elif kind == ")":
-            depth -= 1
-            if depth == 0:
-                return start == len(expression) - 1
-    return False
-
-
-def _balanced(text: str) -> bool:
-    """Parentheses balance outside literals and never close one not opened."""
-    tokens = _reference_tokens(text)
-    if tokens is None:
-        return False
-    depth = 0
-    for kind, _, _ in tokens:
-        depth += {"(": 1, ")": -1}.get(kind, 0)
-        if depth < 0:
-            return False
-    return depth == 0
 
 
 _PROBLEM = (
@@ -446,27 +386,9 @@ def test_over_fetch_without_push_down_reads_no_filter() -> None:
 
 # -- properties: nothing the app or the tenant sends widens the filter ------------------------
 
-_PIECES = st.sampled_from(
-    ["(", ")", '"', "'", "\\", "\n", "\r", " or ", " and ", "true", "x", "r", "u8", "[", "]", "#"]
-)
-# Well-formed expressions with parentheses in literals, joined now and then
-# by the attacker's ") or (".
-_ATOMS = st.sampled_from(
-    ["x", "true", '"a)"', "'(b'", '"\\")"', "r'\\)'", 'm["k)"]', 'u8"(("', "''"]
-) | st.text(alphabet="()\"'\\x \n", max_size=6)
-_EXPRESSIONS = st.recursive(
-    _ATOMS,
-    lambda inner: (
-        inner.map(lambda e: f"({e})")
-        | st.tuples(inner, st.sampled_from([" or ", " and ", ") or (", ""]), inner).map("".join)
-    ),
-    max_leaves=8,
-)
-_attempts = _EXPRESSIONS | st.lists(_PIECES, max_size=12).map("".join) | st.text(max_size=24)
-
 
 @PROPERTIES
-@given(app_filter=_attempts, tenant=st.text(max_size=12))
+@given(app_filter=attempts, tenant=st.text(max_size=12))
 def test_property_a_forwarded_filter_encloses_the_app_filter(app_filter: str, tenant: str) -> None:
     try:
         result = rewritten({"filter": app_filter}, tenant=tenant)
@@ -478,29 +400,29 @@ def test_property_a_forwarded_filter_encloses_the_app_filter(app_filter: str, te
     prefix = f"tenant == {literal}"
     assert expression.startswith(prefix)
     assert json.loads(literal) == tenant
-    tokens = _reference_tokens(expression)
+    tokens = reference_tokens(expression)
     assert tokens is not None
     assert tokens[0] == ("literal", len("tenant == "), len(prefix))
     if app_filter.strip():
         assert expression == f"{prefix} and ({app_filter})"
-        assert _encloses(expression, len(prefix) + len(" and "))
+        assert encloses(expression, len(prefix) + len(" and "))
     else:
         assert expression == prefix
 
 
 @PROPERTIES
-@given(app_filter=_attempts)
+@given(app_filter=attempts)
 def test_property_the_check_agrees_with_the_lexer(app_filter: str) -> None:
     accepted = expression_problem(app_filter) is None
     if accepted:
-        assert _balanced(app_filter)
-    elif _balanced(app_filter):
+        assert balanced(app_filter)
+    elif balanced(app_filter):
         # Refused though balanced: only for a line break inside a literal,
         # which a plain literal may continue with a backslash.
         assert any(
             "\n" in text[start:end] or "\r" in text[start:end]
             for text in [app_filter]
-            for kind, start, end in _reference_tokens(app_filter) or []
+            for kind, start, end in reference_tokens(app_filter) or []
             if kind == "literal"
         )
 
@@ -515,5 +437,5 @@ def test_property_the_tenant_literal_is_one_literal_holding_the_tenant(tenant: s
             ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F or 0xD800 <= ord(c) < 0xE000 for c in tenant
         )
         return
-    assert _reference_tokens(literal) == [("literal", 0, len(literal))]
+    assert reference_tokens(literal) == [("literal", 0, len(literal))]
     assert json.loads(literal) == tenant

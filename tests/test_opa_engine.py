@@ -31,8 +31,8 @@ from sidecar.rego.request_policy import RequestPolicy
 from sidecar.runtime.ports import free_port
 from sidecar.runtime.server import build_policies
 from tests.fixtures.fake_opa import FakeOpa, Misbehaviour
+from tests.fixtures.policy_inputs import CALLER, HOUR, NOW, make_chunk, make_input
 from tests.fixtures.records import chunk_record, text_for
-from tests.test_policy import CALLER, HOUR, NOW, make_chunk, make_input
 
 SECRET_TENANT = "tenant-that-must-not-be-logged"
 

@@ -21,10 +21,8 @@ from sidecar.core.policy import PolicyEngine, PolicyError
 from sidecar.core.reasons import Reason
 from sidecar.rego.purity import called_functions, is_time_pure
 from sidecar.rego.regorus_engine import CompiledPolicy, RegorusEngine
+from tests.fixtures.policy_inputs import CALLER, HOUR, NOW, make_chunk, make_input
 
-NOW = 1_767_225_600_000_000_000
-HOUR = 3_600_000_000_000
-CALLER = {"tenant": "acme", "principals": ["user:alice", "group:qa"]}
 ALL_CHECKS = [
     "EXPIRED",
     "NOT_YET_EFFECTIVE",
@@ -32,27 +30,6 @@ ALL_CHECKS = [
     "PRINCIPAL_MISMATCH",
     "TENANT_MISMATCH",
 ]
-
-
-def make_chunk(chunk_id: str = "c1", **fields: Any) -> dict[str, Any]:
-    """An approved, effective, open-ended chunk that CALLER may read."""
-    return {
-        "id": chunk_id,
-        "doc_id": "SOP-7",
-        "version": "3",
-        "tenant_id": "acme",
-        "allowed_principals": ["group:qa"],
-        "status": "approved",
-        "effective_at_ns": NOW,
-        "expires_at_ns": None,
-        "requires_signature": False,
-        "source_uri": "https://docs.example/SOP-7/3",
-        **fields,
-    }
-
-
-def make_input(*chunks: dict[str, Any], caller: Any = CALLER, now_ns: Any = NOW) -> dict[str, Any]:
-    return {"caller": caller, "now_ns": now_ns, "chunks": list(chunks)}
 
 
 @pytest.fixture(scope="module")

@@ -24,29 +24,8 @@ from sidecar.rego.reloading import PolicyRevision, ReloadingPolicy
 from sidecar.runtime import policy_source
 from sidecar.runtime.policy_source import FileBundle, HttpBundle, PolicySource, load_bundle_policy
 from sidecar.runtime.server import build_policies
+from tests.fixtures.bundles import blocking_files, make_bundle, rsa_pair
 from tests.fixtures.records import chunk_record
-from tests.test_bundle import make_bundle, policy_files, rsa_pair
-
-# Revisions differ by data: chunks listed in data.retrieval_gate.blocked_chunks
-# are denied (a line the test bundles add to the bundled chunk policy).
-BLOCKING = (
-    b'{"POLICY_DENY" | not c.status in known_statuses} |\n'
-    b'\t\t{"POLICY_DENY" | c.id in data.retrieval_gate.blocked_chunks}'
-)
-
-
-def blocking_files(
-    blocked: list[str], *, extra: dict[str, bytes] | None = None
-) -> dict[str, bytes]:
-    """The bundled policies, extended to deny ``blocked`` chunk ids (from data.json)."""
-    files = policy_files()
-    name = "retrieval_gate/chunks.rego"
-    original = b'{"POLICY_DENY" | not c.status in known_statuses}'
-    assert original in files[name]
-    files[name] = files[name].replace(original, BLOCKING, 1)
-    ids = ", ".join(f'"{chunk_id}"' for chunk_id in blocked)
-    files["retrieval_gate/blocked_chunks/data.json"] = f"[{ids}]".encode()
-    return {**files, **(extra or {})}
 
 
 def _write(path: Path, blob: bytes) -> None:
