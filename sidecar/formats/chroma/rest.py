@@ -352,7 +352,7 @@ class ChromaFormat(ResponseAdapter[_Shape], ChromaRequests):
         return _path_collections(route)
 
     def route_collections(self, route: Route) -> list[str]:
-        """What the request policy checks ownership of (``base.NamesCollections``):
+        """What the request policy checks ownership of (``ResponseFormat.route_collections``):
         the collection's id on every route that reads records, so policy data
         names Chroma collections by id; the name on the routes that take one
         (collection metadata, deletion)."""

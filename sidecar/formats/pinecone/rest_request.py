@@ -68,7 +68,7 @@ class PineconeRequests(SearchRewriter[Endpoint]):
     """Rewrites ``POST /query`` and records searches of a Pinecone index host."""
 
     def route_collections(self, route: Route) -> list[str] | None:
-        """The namespace a records search's path names (``base.NamesCollections``), as
+        """The namespace a records search's path names (``ResponseFormat.route_collections``), as
         written: the body does not repeat it. None for other routes."""
         if endpoint(route) is RECORDS:
             return [route.path.removesuffix("/").split("/")[3]]
