@@ -10,10 +10,16 @@ import pytest
 from sidecar.config import (
     GROUPS,
     SETTINGS,
+    CacheSettings,
     ConfigError,
+    EventLoopName,
+    FilterSettings,
     IdentityMode,
+    ListenSettings,
+    PolicySettings,
     Setting,
     Settings,
+    StoreSettings,
     load_settings,
 )
 from sidecar.core.modes import Mode
@@ -62,6 +68,27 @@ def test_groups_are_frozen() -> None:
         settings.cache.size = 1  # type: ignore[misc]
     with pytest.raises(FrozenInstanceError):
         settings.cache = settings.cache  # type: ignore[misc]
+
+
+def test_a_group_checks_its_values_when_it_is_made() -> None:
+    with pytest.raises(ConfigError) as raised:
+        CacheSettings(size=0, ttl_seconds=-1, request_size=True)
+    assert raised.value.problems == (
+        "cache.ttl_seconds: must be > 0",
+        "cache.size: must be >= 1",
+        "cache.request_size: must be an integer",
+    )
+    with pytest.raises(ConfigError, match=r"filter\.mode: 'lax' is not one of"):
+        FilterSettings(mode="lax")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"store\.url: must be given"):
+        StoreSettings(url=None)  # type: ignore[arg-type]
+
+
+def test_a_group_converts_what_its_fields_accept() -> None:
+    policy = PolicySettings(dir="rego", custom_reasons=["HOLD"])  # type: ignore[arg-type]
+    assert (policy.dir, policy.custom_reasons) == (Path("rego"), ("HOLD",))
+    assert FilterSettings(overfetch_factor=2).overfetch_factor == 2.0
+    assert ListenSettings(event_loop="asyncio").event_loop is EventLoopName.ASYNCIO  # type: ignore[arg-type]
 
 
 def test_a_grouped_file(tmp_path: Path) -> None:

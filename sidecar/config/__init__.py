@@ -4,11 +4,13 @@ The settings come in groups, one TOML table each (``[listen]``,
 ``[identity]``, ``[policy]``, ``[store]``, ``[cache]``, ``[audit]``,
 ``[telemetry]``, ``[filter]``), plus the tables ``[routes."<prefix>"]`` and
 ``[formats.<name>]``. Modules: ``_schema`` (how a setting is declared and one
-value checked), ``groups`` (the group classes), ``settings`` (:class:`Settings`),
-``checks`` (every check between settings) and ``load`` (:func:`load_settings`).
+value checked; :class:`Group`), ``groups`` (the group classes), ``settings``
+(:class:`Settings`, the per-route options, the format table), ``checks``
+(every check between settings) and ``load`` (:func:`load_settings`: the file
+and the flags, every problem at once).
 """
 
-from sidecar.config._schema import ConfigError, Setting, SettingInfo, choices
+from sidecar.config._schema import ConfigError, Group, Setting
 from sidecar.config.groups import (
     AuditSettings,
     CacheSettings,
@@ -35,6 +37,7 @@ __all__ = [
     "ConfigError",
     "EventLoopName",
     "FilterSettings",
+    "Group",
     "IdentityMode",
     "IdentitySettings",
     "ListenSettings",
@@ -42,11 +45,9 @@ __all__ = [
     "PolicySettings",
     "RouteOptions",
     "Setting",
-    "SettingInfo",
     "Settings",
     "StoreSettings",
     "TelemetrySettings",
-    "choices",
     "default_policy_dir",
     "format_table",
     "grouped",

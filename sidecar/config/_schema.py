@@ -3,8 +3,9 @@
 A setting is a field of a group (``sidecar.config.groups``) declared with
 :func:`setting`: its help text, the name it had before the groups (the
 command-line flag, with dashes), its bounds and, where a type says too little,
-a check of its own. The loader turns every TOML or flag value into the field's
-type with :func:`convert`, so a new setting needs a field and nothing else.
+a check of its own. A group (:class:`Group`) turns every value into its
+field's type with :func:`convert` when it is made, and refuses to be made with
+a value that does not fit, so a new setting needs a field and nothing else.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, get_args, get_origin, get_type_hints
 
 
 class ConfigError(ValueError):
@@ -103,12 +104,46 @@ class Setting:
         return without_none(self.type)
 
 
-def group_settings(group: str, cls: type[Any]) -> tuple[Setting, ...]:
+class Group:
+    """A group of settings, one TOML table: subclassed by a frozen dataclass whose
+    fields are :func:`setting` s, named by ``group=`` in its class line.
+
+    Made with values of the wrong type or out of bounds, it raises ConfigError
+    naming every one of them as ``group.key``; a value of another type that
+    the field accepts (a list for a tuple, text for a path or an enum) is
+    converted.
+    """
+
+    group: ClassVar[str]
+
+    def __init_subclass__(cls, *, group: str, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.group = group
+
+    def __post_init__(self) -> None:
+        problems = []
+        for spec in group_settings(type(self)):
+            try:
+                # The dataclass is frozen: this is its own initialisation.
+                object.__setattr__(self, spec.key, convert(spec, getattr(self, spec.key)))
+            except (TypeError, ValueError) as exc:
+                problems.append(f"{spec.path}: {exc}")
+        if problems:
+            raise ConfigError(*problems)
+
+
+_GROUP_SETTINGS: dict[type[Group], tuple[Setting, ...]] = {}
+
+
+def group_settings(cls: type[Group]) -> tuple[Setting, ...]:
     """The settings of one group class, in declaration order."""
-    hints = get_type_hints(cls)
-    return tuple(
-        Setting(group, f.name, hints[f.name], _default(f), f.metadata[_INFO]) for f in fields(cls)
-    )
+    if cls not in _GROUP_SETTINGS:
+        hints = get_type_hints(cls)
+        _GROUP_SETTINGS[cls] = tuple(
+            Setting(cls.group, f.name, hints[f.name], _default(f), f.metadata[_INFO])
+            for f in fields(cls)  # type: ignore[arg-type]
+        )
+    return _GROUP_SETTINGS[cls]
 
 
 def _default(setting_field: Field[Any]) -> Any:
@@ -129,7 +164,7 @@ def convert(spec: Setting, value: Any) -> Any:
     """``value`` (from TOML or a flag) as the setting's type; raises ValueError or TypeError."""
     value_type = spec.value_type
     if value is None:
-        # Only a caller in Python can say None (TOML has no null; a flag not given is skipped).
+        # Only a caller in Python can say None: TOML has none, a flag not given is skipped.
         if without_none(spec.type) is spec.type:
             raise TypeError("must be given")
         return None

@@ -2,9 +2,9 @@
 
 Each field is declared with :func:`~sidecar.config._schema.setting`; its key
 in the table is the field's name, its flag the name it had before the groups
-(``name=``) with dashes. The values a field may take are checked by the loader
-from this declaration; checks that relate two settings are in
-``sidecar.config.checks``.
+(``name=``) with dashes. A group checks its values against these declarations
+when it is made (:class:`~sidecar.config._schema.Group`); checks that relate
+two settings are in ``sidecar.config.checks``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from sidecar.config._schema import setting
+from sidecar.config._schema import Group, setting
 from sidecar.core.modes import Mode
 from sidecar.identity.claims import DEFAULT_PRINCIPAL_CLAIMS
 from sidecar.identity.credentials import LOCATIONS, check_locations
@@ -71,7 +71,7 @@ _MTLS = "(proxy: Envoy terminates mTLS on its listener with all three)"
 
 
 @dataclass(frozen=True)
-class ListenSettings:
+class ListenSettings(Group, group="listen"):
     """Where and how the sidecar serves Envoy."""
 
     grpc: str = setting(
@@ -124,7 +124,7 @@ _KEYS = "(identity jwt, envoy-jwt)"
 
 
 @dataclass(frozen=True)
-class IdentitySettings:
+class IdentitySettings(Group, group="identity"):
     """Who the caller is: the identity mode and what it verifies with."""
 
     mode: IdentityMode | None = setting(
@@ -181,7 +181,7 @@ class IdentitySettings:
 
 
 @dataclass(frozen=True)
-class PolicySettings:
+class PolicySettings(Group, group="policy"):
     """Which Rego policies decide, and who evaluates them."""
 
     # With opa, dir and data are not read: the policy and its data are OPA's
@@ -251,7 +251,7 @@ class PolicySettings:
 
 
 @dataclass(frozen=True)
-class StoreSettings:
+class StoreSettings(Group, group="store"):
     """The metadata store the chunks' records are looked up in."""
 
     url: str = setting(
@@ -263,7 +263,7 @@ class StoreSettings:
 
 
 @dataclass(frozen=True)
-class CacheSettings:
+class CacheSettings(Group, group="cache"):
     """What the sidecar remembers: store records and policy answers."""
 
     # A zero TTL would make the cache unusable, not off: a fresh entry must live a while.
@@ -302,7 +302,7 @@ class CacheSettings:
 
 
 @dataclass(frozen=True)
-class AuditSettings:
+class AuditSettings(Group, group="audit"):
     """Where decision records go."""
 
     log: Path | None = setting(
@@ -326,7 +326,7 @@ class AuditSettings:
 
 
 @dataclass(frozen=True)
-class TelemetrySettings:
+class TelemetrySettings(Group, group="telemetry"):
     """Metrics (spans are configured by the standard OTEL_* environment variables)."""
 
     metrics: str | None = setting(
@@ -347,7 +347,7 @@ def _tenant_key(value: str) -> str:
 
 
 @dataclass(frozen=True)
-class FilterSettings:
+class FilterSettings(Group, group="filter"):
     """How responses are filtered, and how searches are pushed down; per route in ``routes``."""
 
     mode: Mode = setting(

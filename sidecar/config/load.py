@@ -15,12 +15,24 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from sidecar.config._schema import ConfigError, Setting, choices, convert
+from sidecar.config._schema import ConfigError, Group, Setting, choices, convert
 from sidecar.config.checks import cross_field_problems
+from sidecar.config.groups import (
+    AuditSettings,
+    CacheSettings,
+    FilterSettings,
+    IdentitySettings,
+    ListenSettings,
+    PolicySettings,
+    StoreSettings,
+    TelemetrySettings,
+)
 from sidecar.config.settings import GROUPS, SETTINGS, TABLES, RouteOptions, Settings
 from sidecar.core.modes import Mode
+
+G = TypeVar("G", bound=Group)
 
 _BY_NAME = {spec.name: spec for spec in SETTINGS}
 _BY_PATH = {spec.path: spec for spec in SETTINGS}
@@ -78,12 +90,26 @@ class _Reading:
     def settings(self) -> Settings:
         routes = self._routes(self.tables.get("routes", {}))
         formats = self._formats(self.tables.get("formats", {}))
-        groups = {name: cls(**self.values[name]) for name, cls in GROUPS.items()}
-        settings = Settings(**groups, routes=routes, formats=formats)
+        settings = Settings(
+            listen=self.group(ListenSettings),
+            identity=self.group(IdentitySettings),
+            policy=self.group(PolicySettings),
+            store=self.group(StoreSettings),
+            cache=self.group(CacheSettings),
+            audit=self.group(AuditSettings),
+            telemetry=self.group(TelemetrySettings),
+            filter=self.group(FilterSettings),
+            routes=routes,
+            formats=formats,
+        )
         self.problems.extend(cross_field_problems(settings, self.refused))
         if self.problems:
             raise ConfigError(*self.problems)
         return settings
+
+    def group(self, cls: type[G]) -> G:
+        """The group ``cls`` with the values read for it (each already checked)."""
+        return cls(**self.values[cls.group])
 
     def _routes(self, value: Any) -> dict[str, RouteOptions]:
         if not isinstance(value, dict):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.config._schema import Setting, group_settings
+from sidecar.config._schema import Group, Setting, group_settings
 from sidecar.config.groups import (
     AuditSettings,
     CacheSettings,
@@ -85,15 +85,18 @@ class Settings:
 
 
 # The groups in the order the documentation and --help list them.
-GROUPS: dict[str, type[Any]] = {
-    "listen": ListenSettings,
-    "identity": IdentitySettings,
-    "policy": PolicySettings,
-    "store": StoreSettings,
-    "cache": CacheSettings,
-    "audit": AuditSettings,
-    "telemetry": TelemetrySettings,
-    "filter": FilterSettings,
+GROUPS: dict[str, type[Group]] = {
+    cls.group: cls
+    for cls in (
+        ListenSettings,
+        IdentitySettings,
+        PolicySettings,
+        StoreSettings,
+        CacheSettings,
+        AuditSettings,
+        TelemetrySettings,
+        FilterSettings,
+    )
 }
 # The top-level tables of prefix or name = {options}, which only a file can express.
 TABLES = {
@@ -102,7 +105,7 @@ TABLES = {
 }
 
 SETTINGS: tuple[Setting, ...] = tuple(
-    spec for group, cls in GROUPS.items() for spec in group_settings(group, cls)
+    spec for cls in GROUPS.values() for spec in group_settings(cls)
 )
 
 

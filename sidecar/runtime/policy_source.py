@@ -1,6 +1,6 @@
 """Where policy bundles come from, and the poller that hot-reloads them.
 
-``policy_bundle`` is a file (re-read when its size, mtime or inode changes) or
+``policy.bundle`` is a file (re-read when its size, mtime or inode changes) or
 an http(s) URL (polled with ``If-None-Match``: a ``304`` costs no download).
 Every worker process runs its own poller, so each worker verifies, compiles
 and tests a new revision before it swaps it in; workers may switch a poll
@@ -201,7 +201,7 @@ class PolicySource:
 
 
 def load_bundle_policy(settings: Settings, metrics: GateMetrics) -> PolicySource:
-    """The first revision of ``policy_bundle``, active, and its poller (not started).
+    """The first revision of ``policy.bundle``, active, and its poller (not started).
 
     Raises ConfigError when the key cannot be read or the first bundle is not
     usable: with no last good revision, the sidecar must not start.

@@ -137,10 +137,10 @@ def load_policy_data(settings: Settings) -> dict[str, Any] | None:
 def build_policies(settings: Settings) -> tuple[PolicyEngine, RequestPolicyEvaluator, str]:
     """The chunk policy engine, the request policy and where they come from (for the log).
 
-    regorus: the Rego files of ``policy_dir`` (and ``policy_data``) in process,
-    or the current revision of ``policy_bundle`` (not reloaded: a serving
+    regorus: the Rego files of ``policy.dir`` (and ``policy.data``) in process,
+    or the current revision of ``policy.bundle`` (not reloaded: a serving
     sidecar builds its PolicySource with :func:`load_bundle_policy`).
-    opa: both policies asked of the OPA server at ``opa_url``, which holds the
+    opa: both policies asked of the OPA server at ``policy.opa_url``, which holds the
     policy and its data; an OPA that does not answer at start-up is logged and
     the sidecar starts anyway, failing closed until it does.
     """
@@ -189,7 +189,7 @@ class Sidecar:
     listener: ChangeListener | None  # live invalidation (PostgreSQL); None for SQLite
     tracing: TracerProvider | None = None  # this process's spans (OTEL_* variables); None: off
     gate_access: RequestAccess | None = None  # the Gate service's request path; None: not served
-    policy_source: PolicySource | None = None  # polls policy_bundle; None: no bundle
+    policy_source: PolicySource | None = None  # polls policy.bundle; None: no bundle
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Sidecar:
