@@ -17,6 +17,7 @@ from sidecar.config import (
     IdentityMode,
     ListenSettings,
     PolicySettings,
+    RouteOptions,
     Setting,
     Settings,
     StoreSettings,
@@ -247,6 +248,28 @@ def test_a_group_must_be_a_table(tmp_path: Path) -> None:
 def test_impossible_values_are_named(tmp_path: Path, text: str, problem: str) -> None:
     (found,) = problems_of(tmp_path, with_identity(text))
     assert problem in found
+
+
+def test_every_problem_of_a_route_is_named(tmp_path: Path) -> None:
+    problems = problems_of(
+        tmp_path,
+        with_identity(
+            '[routes."/x/"]\nmode = "lax"\noverfetch_factor = 0.5\npush_down = "no"\n'
+            'hashed_fields = "title"\n'
+        ),
+    )
+    assert problems == (
+        "routes.\"/x/\".mode: 'lax' is not one of enforce, strict or audit",
+        'routes."/x/".overfetch_factor: must be >= 1',
+        'routes."/x/".push_down: must be true or false',
+        'routes."/x/".hashed_fields: must be a list of strings',
+    )
+
+
+def test_route_options_check_their_values_when_they_are_made() -> None:
+    with pytest.raises(ConfigError, match=r"routes\.overfetch_factor: must be >= 1"):
+        RouteOptions(overfetch_factor=0.5)
+    assert RouteOptions(mode="strict").mode is Mode.STRICT  # type: ignore[arg-type]
 
 
 def test_a_file_that_is_not_toml_is_named(tmp_path: Path) -> None:

@@ -137,7 +137,7 @@ def test_formats_and_pinned_routes_from_a_config_file(tmp_path: Path) -> None:
         ("[formats.qdrant]\ncolour = 1\n", "formats.qdrant: unknown option 'colour'"),
         ('[routes."/x/"]\nformat = "solr"\n', "no enabled format is named 'solr'"),
         ("formats = 3\n", "formats: must be a table"),
-        ('[routes."/x/"]\nformat = 3\n', 'routes."/x/".format: must be a format name'),
+        ('[routes."/x/"]\nformat = 3\n', 'routes."/x/".format: must be a string'),
     ],
 )
 def test_bad_format_settings_are_config_errors(tmp_path: Path, text: str, message: str) -> None:

@@ -46,6 +46,13 @@ def default_policy_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "policies"
 
 
+def non_empty_field(value: str) -> str:
+    """``value`` if it can name a field; raises ValueError."""
+    if not value:
+        raise ValueError("must be a non-empty field name")
+    return value
+
+
 def _non_empty(value: str) -> str:
     if not value:
         raise ValueError("must not be empty")
@@ -340,12 +347,6 @@ class TelemetrySettings(Group, group="telemetry"):
     )
 
 
-def _tenant_key(value: str) -> str:
-    if not value:
-        raise ValueError("must be a non-empty field name")
-    return value
-
-
 @dataclass(frozen=True)
 class FilterSettings(Group, group="filter"):
     """How responses are filtered, and how searches are pushed down; per route in ``routes``."""
@@ -363,7 +364,7 @@ class FilterSettings(Group, group="filter"):
     )
     tenant_key: str = setting(
         "tenant",
-        check=_tenant_key,
+        check=non_empty_field,
         help="field of the indexed chunks holding the tenant, for tenant push-down "
         "(routes without it: push_down = false)",
     )

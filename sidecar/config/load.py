@@ -13,11 +13,10 @@ from __future__ import annotations
 import difflib
 import tomllib
 from collections.abc import Mapping
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sidecar.config._schema import ConfigError, Group, Setting, choices, convert
+from sidecar.config._schema import ConfigError, Group, Setting, convert, group_settings
 from sidecar.config.checks import cross_field_problems
 from sidecar.config.groups import (
     AuditSettings,
@@ -30,13 +29,12 @@ from sidecar.config.groups import (
     TelemetrySettings,
 )
 from sidecar.config.settings import GROUPS, SETTINGS, TABLES, RouteOptions, Settings
-from sidecar.core.modes import Mode
 
 G = TypeVar("G", bound=Group)
 
 _BY_NAME = {spec.name: spec for spec in SETTINGS}
 _BY_PATH = {spec.path: spec for spec in SETTINGS}
-_ROUTE_OPTIONS = {f.name for f in fields(RouteOptions)}
+_ROUTE_OPTIONS = {spec.key: spec for spec in group_settings(RouteOptions)}
 
 
 class _Reading:
@@ -121,11 +119,20 @@ class _Reading:
             if not isinstance(options, dict):
                 self.refuse("routes", f"{where}: must be a table of options")
                 continue
-            problems = _route_problems(options)
-            for key, problem in problems:
-                self.refuse("routes", f"{where}.{key}: {problem}")
-            if not problems:
-                routes[str(prefix)] = _route_options(options)
+            values = {}
+            for key, value in options.items():
+                spec = _ROUTE_OPTIONS.get(key)
+                if spec is None:
+                    known = {name: name for name in _ROUTE_OPTIONS}
+                    problem = f"unknown route option{_suggestion(key, known)}"
+                    self.refuse("routes", f"{where}.{key}: {problem}")
+                    continue
+                try:
+                    values[key] = convert(spec, value)
+                except (TypeError, ValueError) as exc:
+                    self.refuse("routes", f"{where}.{key}: {exc}")
+            if "routes" not in self.refused:
+                routes[str(prefix)] = RouteOptions(**values)
         return routes
 
     def _formats(self, value: Any) -> dict[str, dict[str, Any]]:
@@ -207,51 +214,3 @@ def _suggestion(word: str, *tiers: dict[str, str]) -> str:
         if close:
             return f"; did you mean {candidates[close[0]]}?"
     return ""
-
-
-def _route_problems(options: dict[str, Any]) -> list[tuple[str, str]]:
-    """(option, problem) for each option of one route that cannot be used."""
-    problems: list[tuple[str, str]] = []
-    for key, value in options.items():
-        if key not in _ROUTE_OPTIONS:
-            known = {name: name for name in _ROUTE_OPTIONS}
-            problems.append((key, f"unknown route option{_suggestion(key, known)}"))
-        elif key == "mode" and value not in {m.value for m in Mode}:
-            problems.append((key, f"{value!r} is not one of {choices(Mode)}"))
-        elif key == "format" and not isinstance(value, str):
-            problems.append((key, "must be a format name"))
-        elif key in ("push_down", "substitute_superseded", "pass_upstream_errors") and (
-            not isinstance(value, bool)
-        ):
-            problems.append((key, "must be true or false"))
-        elif key == "tenant_key" and (not isinstance(value, str) or not value):
-            problems.append((key, "must be a non-empty field name"))
-        elif key == "overfetch_factor" and (
-            isinstance(value, bool) or not isinstance(value, int | float) or value < 1
-        ):
-            problems.append((key, "must be a number >= 1 (1 disables over-fetch)"))
-        elif key in ("hashed_fields", "releasable_fields") and (
-            not isinstance(value, list) or not all(isinstance(v, str) for v in value)
-        ):
-            problems.append((key, "must be a list of field names"))
-    return problems
-
-
-def _route_options(options: dict[str, Any]) -> RouteOptions:
-    """One route's options, checked by :func:`_route_problems`."""
-
-    def names(key: str) -> tuple[str, ...] | None:
-        return None if options.get(key) is None else tuple(options[key])
-
-    factor = options.get("overfetch_factor")
-    return RouteOptions(
-        mode=Mode(options["mode"]) if "mode" in options else None,
-        tenant_key=options.get("tenant_key"),
-        push_down=options.get("push_down"),
-        overfetch_factor=None if factor is None else float(factor),
-        substitute_superseded=options.get("substitute_superseded"),
-        pass_upstream_errors=options.get("pass_upstream_errors"),
-        hashed_fields=names("hashed_fields"),
-        releasable_fields=names("releasable_fields"),
-        format=options.get("format"),
-    )

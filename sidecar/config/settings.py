@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.config._schema import Group, Setting, group_settings
+from sidecar.config._schema import Group, Setting, group_settings, setting
 from sidecar.config.groups import (
     AuditSettings,
     CacheSettings,
@@ -15,6 +15,7 @@ from sidecar.config.groups import (
     PolicySettings,
     StoreSettings,
     TelemetrySettings,
+    non_empty_field,
 )
 from sidecar.core.hits import path_under
 from sidecar.core.modes import Mode, RoutePolicy
@@ -22,22 +23,36 @@ from sidecar.formats.registry import FormatTable, build_format_table
 
 
 @dataclass(frozen=True)
-class RouteOptions:
+class RouteOptions(Group, group="routes"):
     """Per-route overrides (a path prefix in ``routes``); None keeps the ``filter`` value."""
 
-    mode: Mode | None = None
-    tenant_key: str | None = None
-    push_down: bool | None = None
-    overfetch_factor: float | None = None
-    substitute_superseded: bool | None = None
+    mode: Mode | None = setting(None, help="the filter mode on this route")
+    tenant_key: str | None = setting(
+        None, check=non_empty_field, help="the field holding the tenant in this route's index"
+    )
+    push_down: bool | None = setting(
+        None, help="false: inject no tenant filter on this route (default true)"
+    )
+    overfetch_factor: float | None = setting(
+        None, minimum=1, help="over-fetch multiplier (1 turns it off)"
+    )
+    substitute_superseded: bool | None = setting(
+        None, help="replace a superseded chunk by its successor"
+    )
     # Upstream error bodies (non-2xx) reach the client as the database wrote them.
-    pass_upstream_errors: bool | None = None
+    pass_upstream_errors: bool | None = setting(
+        None, help="true: a non-2xx upstream answer reaches the client as written"
+    )
     # Document fields released on this route, in place of each format's own
     # (docs/databases.md, "Released fields").
-    hashed_fields: tuple[str, ...] | None = None
-    releasable_fields: tuple[str, ...] | None = None
+    hashed_fields: tuple[str, ...] | None = setting(
+        None, help="document fields released because their hash is checked"
+    )
+    releasable_fields: tuple[str, ...] | None = setting(
+        None, help="document fields released unverified"
+    )
     # The one format that owns paths under this prefix (route detection is skipped).
-    format: str | None = None
+    format: str | None = setting(None, help="the one format that owns paths under this prefix")
 
 
 @dataclass(frozen=True)
