@@ -117,7 +117,7 @@ class Core:
         self.inner = SqliteStore(workdir / f"{name}.db")
         self.metrics = GateMetrics()
         self.store = CachedStore(self.inner, ttl=3600.0, observer=self.metrics)
-        self.core = DecisionCore(RegorusEngine.from_directory(settings.policy_dir))
+        self.core = DecisionCore(RegorusEngine.from_directory(settings.policy.dir))
         self.audit = JsonlAuditSink(workdir / f"{name}-audit.jsonl")
         self.filter = ResponseFilter(
             formats=format_table(settings),

@@ -188,9 +188,9 @@ def pushed_down(request: bytes, config: Mapping[str, Any]) -> bytes:
         frame(request),
         Route("POST", SEARCH_METHOD),
         tenant=CALLER_HEADERS["x-gate-tenant"],
-        tenant_key=settings.tenant_key,
-        overfetch_factor=settings.overfetch_factor,
-        overfetch_cap=settings.overfetch_cap,
+        tenant_key=settings.filter.tenant_key,
+        overfetch_factor=settings.filter.overfetch_factor,
+        overfetch_cap=settings.filter.overfetch_cap,
     )
     if not rewrite.tenant_filter:
         raise RuntimeError("the gate's rewriter added no tenant filter")

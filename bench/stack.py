@@ -36,7 +36,7 @@ import orjson
 from cpu import process_tree, tree_cpu_seconds
 from load import CALLER_HEADERS, SEARCH_BODY
 
-from sidecar.config import load_settings
+from sidecar.config import grouped, load_settings
 from sidecar.runtime.bootstrap import SIDECAR_CLUSTER, Upstream, build_bootstrap
 from sidecar.runtime.envoy_process import envoy_command, read_admin_address
 from sidecar.runtime.ports import free_port
@@ -234,8 +234,11 @@ def _endpoints(bootstrap: Mapping[str, Any], cluster_name: str) -> int:
 
 
 def _toml(config: Mapping[str, Any]) -> str:
-    # Flat settings only: strings, numbers and booleans are valid TOML as JSON.
-    return "".join(f"{key} = {json.dumps(value)}\n" for key, value in config.items())
+    # Settings without tables: strings, numbers and booleans are valid TOML as JSON.
+    return "".join(
+        f"[{group}]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in keys.items())
+        for group, keys in grouped(config).items()
+    )
 
 
 def load_store(store: str, records: Sequence[Mapping[str, Any]], workdir: Path) -> None:
@@ -399,10 +402,10 @@ def start_floor(
     }
     settings = load_settings(None, dict(config))
     command = [sys.executable, str(FLOOR_SERVICER)]
-    command += ["--max-message-bytes", str(settings.grpc_max_message_bytes)]
+    command += ["--max-message-bytes", str(settings.listen.grpc_max_message_bytes)]
     command += ["--echo-body"] if echo_body else []
     command += ["--echo-request-body"] if echo_request_body else []
-    addresses = worker_addresses(settings.grpc_listen, workers)
+    addresses = worker_addresses(settings.listen.grpc, workers)
     command += addresses
     # "-sidecar" in the log name: Processes.warnings() reports what it logged.
     servicer = processes.spawn(f"{name}-sidecar", command)

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from sidecar.config import IdentityMode, load_settings
+from sidecar.config import IdentityMode, grouped, load_settings
 from sidecar.demo.upstream import FixtureUpstream
 from sidecar.runtime.bootstrap import Upstream, build_bootstrap
 from sidecar.runtime.envoy_process import envoy_command, read_admin_address
@@ -206,7 +206,11 @@ class GateStack:
     def start_sidecar(self) -> None:
         config_file = self.workdir / "gate.toml"
         config_file.write_text(
-            "\n".join(f"{key} = {_toml_value(value)}" for key, value in self._config.items())
+            "".join(
+                f"[{table}]\n"
+                + "".join(f"{json.dumps(k)} = {_toml_value(v)}\n" for k, v in keys.items())
+                for table, keys in grouped(self._config).items()
+            )
         )
         sockets = [
             Path(a.removeprefix("unix:"))
@@ -239,7 +243,7 @@ class GateStack:
     def _start_envoy(self) -> None:
         settings = load_settings(None, dict(self._config))
         generated_jwks = None
-        if settings.identity is IdentityMode.ENVOY_JWT and needs_generated_jwks(settings):
+        if settings.identity.mode is IdentityMode.ENVOY_JWT and needs_generated_jwks(settings):
             generated_jwks = self.workdir / "generated-jwks.json"
             write_generated_jwks(settings, generated_jwks)
         bootstrap = build_bootstrap(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.config import IdentityMode, Settings
+from sidecar.config import IdentityMode
 from sidecar.runtime.addresses import (
     HostPort,
     UnixSocket,
@@ -19,6 +19,7 @@ from sidecar.runtime.addresses import (
 from sidecar.runtime.bootstrap import Upstream, build_bootstrap
 from sidecar.runtime.envoy_process import read_admin_address
 from sidecar.runtime.workers import worker_addresses
+from tests.fixtures.settings import settings_of
 
 
 @pytest.mark.parametrize(
@@ -111,7 +112,9 @@ def test_upstream_takes_ipv6_and_the_scheme_default_port() -> None:
 
 
 def test_sidecar_endpoints_in_the_bootstrap() -> None:
-    settings = Settings(identity=IdentityMode.TRUSTED_HEADERS, grpc_listen="[::1]:9001", workers=2)
+    settings = settings_of(
+        identity=IdentityMode.TRUSTED_HEADERS, grpc_listen="[::1]:9001", workers=2
+    )
     bootstrap = build_bootstrap(
         settings, listen=("127.0.0.1", 1), upstream=Upstream.parse("http://db:1")
     )

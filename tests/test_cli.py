@@ -53,7 +53,7 @@ def test_policy_test_command_runs_the_rego_unit_tests() -> None:
 def test_missing_identity_flag_is_a_clear_error(tmp_path: Path) -> None:
     done = run_cli("serve", "--store", f"sqlite:///{tmp_path / 'g.db'}")
     assert done.returncode == 2
-    assert "'identity' is required" in done.stderr
+    assert "identity.mode is required" in done.stderr
 
 
 @pytest.mark.envoy

@@ -1,26 +1,46 @@
-"""The setting flags are generated from the Settings fields: every setting has a
-flag or is file-only with a reason, and every flag reaches its setting."""
+"""The setting flags are generated from the settings' groups: every setting has a
+flag (today's name, from before the groups) or is file-only with a reason, and
+every flag reaches its setting."""
 
 from __future__ import annotations
 
-import types
-from dataclasses import Field, fields
+import argparse
 from enum import Enum
 from pathlib import Path
-from typing import Any, get_args, get_type_hints
+from typing import Any
 
 import pytest
 
 from sidecar.cli import build_parser, main
 from sidecar.cli.exit_codes import ExitCode
-from sidecar.cli.flags import flag_name, settings_from_flags
-from sidecar.config import ConfigError, Settings, setting_info
+from sidecar.cli.flags import settings_from_flags
+from sidecar.config import SETTINGS, ConfigError, Setting, Settings
 from sidecar.runtime.signals import DIED, STOPPED
 
-SETTINGS = fields(Settings)
-HINTS = get_type_hints(Settings)
-FLAGGED = [f for f in SETTINGS if flag_name(f) is not None]
-FILE_ONLY = {"routes", "formats", "principal_claims", "workloads"}
+FLAGGED = [spec for spec in SETTINGS if spec.flag is not None]
+FILE_ONLY = {"principal_claims", "workloads"}
+
+# Every setting flag of `serve` and `proxy`, as `retrieval-gate serve --help` listed
+# them before the settings were grouped. Scripts and manifests use these names:
+# a change here breaks them.
+SETTING_FLAGS = {
+    *("--identity", "--store", "--mode", "--text-field", "--id-field", "--policy-dir"),
+    *("--policy-data", "--policy-engine", "--opa-url", "--opa-token-file", "--opa-timeout-ms"),
+    *("--opa-ca-file", "--policy-bundle", "--policy-bundle-public-key"),
+    *("--policy-bundle-poll-seconds", "--custom-reasons", "--metric-collections", "--jwks"),
+    *("--jwt-public-key", "--jwt-hmac-secret-file", "--issuer", "--audience", "--jwks-relay"),
+    *("--jwt-credentials", "--jwt-leeway-seconds", "--jwt-payload-key", "--tenant-claim"),
+    *("--drafts-scope", "--tls-cert-file", "--tls-key-file", "--tls-client-ca-file"),
+    *("--tenant-key", "--overfetch-factor", "--overfetch-cap", "--max-hits"),
+    *("--substitute-superseded", "--verdict-cache-size", "--request-cache-size"),
+    *("--cache-ttl-seconds", "--cache-size", "--negative-cache-ttl-seconds"),
+    *("--negative-cache-size", "--stale-if-error-seconds", "--max-body-bytes"),
+    *("--allow-plain-http", "--expose-grpc-listen", "--grpc-listen", "--workers"),
+    *("--event-loop", "--metrics", "--audit-log", "--audit-store", "--audit-chain-id"),
+    "--message-timeout-ms",
+}
+NEGATIONS = {"--no-allow-plain-http", "--no-expose-grpc-listen", "--no-substitute-superseded"}
+PROXY_ONLY = {"--upstream", "--grpc-upstream", "--listen", "--envoy-concurrency"}
 
 # Given before the flag under test (which, coming last, wins): enough for
 # load_settings to accept any one of the others.
@@ -29,6 +49,11 @@ BASE = [
     *("--jwks", "keys.json", "--issuer", "https://idp/", "--audience", "gate"),
     *("--audit-log", "spool.jsonl"),
 ]
+# What a flag needs beside it to be accepted (a check between settings).
+COMPANIONS = {
+    "policy_engine": ["--opa-url", "http://127.0.0.1:8181"],
+    "policy_bundle_public_key": ["--policy-bundle", "bundle.tar.gz"],
+}
 
 
 def parse(*argv: str, command: str = "serve") -> Settings:
@@ -38,12 +63,15 @@ def parse(*argv: str, command: str = "serve") -> Settings:
     return settings_from_flags(build_parser().parse_args([command, *argv, *extra]))
 
 
-def sample(setting_field: Field[Any]) -> tuple[str, Any]:
+def value(settings: Settings, spec: Setting) -> Any:
+    return getattr(getattr(settings, spec.group), spec.key)
+
+
+def sample(spec: Setting) -> tuple[str, Any]:
     """A flag value differing from the default and from BASE, and the setting it gives."""
-    hint = HINTS[setting_field.name]
-    value_type = get_args(hint)[0] if isinstance(hint, types.UnionType) else hint
+    value_type = spec.value_type
     if isinstance(value_type, type) and issubclass(value_type, Enum):
-        taken = {setting_field.default, "trusted-headers"}  # StrEnum members equal their values
+        taken = {spec.default, "trusted-headers"}  # StrEnum members equal their values
         member = next(m for m in value_type if m not in taken)
         return member.value, member
     if value_type is int:
@@ -54,58 +82,94 @@ def sample(setting_field: Field[Any]) -> tuple[str, Any]:
         return "/srv/gate/sample", Path("/srv/gate/sample")
     if value_type is str:
         return "sample", "sample"
-    if setting_field.name == "jwt_credentials":  # a list of known names
+    if spec.name == "jwt_credentials":  # a list of known names
         return "api-key, bearer", ("api-key", "bearer")
     if value_type == tuple[str, ...]:
         return "ACME_HOLD, LEGAL_HOLD", ("ACME_HOLD", "LEGAL_HOLD")
-    raise AssertionError(f"no sample for {setting_field.name}: {value_type}")
+    raise AssertionError(f"no sample for {spec.name}: {value_type}")
+
+
+def option_strings(command: str) -> set[str]:
+    commands = next(
+        action
+        for action in build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    parser = commands.choices[command]
+    return {flag for action in parser._actions for flag in action.option_strings}
+
+
+@pytest.mark.parametrize("command", ["serve", "proxy"])
+def test_the_flags_are_todays_flags(command: str) -> None:
+    expected = {"-h", "--help", "--config", *SETTING_FLAGS, *NEGATIONS}
+    if command == "proxy":
+        expected |= PROXY_ONLY
+    assert option_strings(command) == expected
 
 
 def test_every_setting_has_a_flag_or_is_file_only_with_a_reason() -> None:
-    for setting_field in SETTINGS:
-        info = setting_info(setting_field)
-        assert info.help, setting_field.name
-        if setting_field.name in FILE_ONLY:
-            assert info.file_only, setting_field.name
-            assert flag_name(setting_field) is None
+    assert {spec.flag for spec in FLAGGED} == SETTING_FLAGS
+    for spec in SETTINGS:
+        assert spec.info.help, spec.path
+        if spec.key in FILE_ONLY:
+            assert spec.info.file_only, spec.path
+            assert spec.flag is None
         else:
-            assert info.file_only is None, setting_field.name
-            assert flag_name(setting_field) == "--" + setting_field.name.replace("_", "-")
+            assert spec.info.file_only is None, spec.path
+            assert spec.flag == "--" + spec.name.replace("_", "-")
+
+
+def test_flags_whose_name_is_not_their_key() -> None:
+    renamed = {spec.flag: spec.path for spec in FLAGGED if spec.name != spec.key}
+    assert renamed == {
+        "--grpc-listen": "listen.grpc",
+        "--expose-grpc-listen": "listen.expose_grpc",
+        "--identity": "identity.mode",
+        "--policy-engine": "policy.engine",
+        "--policy-dir": "policy.dir",
+        "--policy-data": "policy.data",
+        "--policy-bundle": "policy.bundle",
+        "--policy-bundle-public-key": "policy.bundle_public_key",
+        "--policy-bundle-poll-seconds": "policy.bundle_poll_seconds",
+        "--store": "store.url",
+        "--cache-ttl-seconds": "cache.ttl_seconds",
+        "--cache-size": "cache.size",
+        "--negative-cache-ttl-seconds": "cache.negative_ttl_seconds",
+        "--negative-cache-size": "cache.negative_size",
+        "--verdict-cache-size": "cache.verdict_size",
+        "--request-cache-size": "cache.request_size",
+        "--audit-log": "audit.log",
+        "--audit-store": "audit.store",
+        "--audit-chain-id": "audit.chain_id",
+    }
 
 
 @pytest.mark.parametrize(
-    "setting_field",
-    [f for f in FLAGGED if HINTS[f.name] is not bool],
-    ids=lambda f: f.name,
+    "spec", [s for s in FLAGGED if s.value_type is not bool], ids=lambda s: s.name
 )
 @pytest.mark.parametrize("command", ["serve", "proxy"])
-def test_each_flag_reaches_its_setting(setting_field: Field[Any], command: str) -> None:
-    flag = flag_name(setting_field)
-    assert flag is not None
-    text, expected = sample(setting_field)
-    settings = parse(*BASE, flag, text, command=command)
-    assert getattr(settings, setting_field.name) == expected
-    assert expected != getattr(parse(*BASE, command=command), setting_field.name)
+def test_each_flag_reaches_its_setting(spec: Setting, command: str) -> None:
+    assert spec.flag is not None
+    text, expected = sample(spec)
+    companions = COMPANIONS.get(spec.name, [])
+    settings = parse(*BASE, *companions, spec.flag, text, command=command)
+    assert value(settings, spec) == expected
+    assert expected != value(parse(*BASE, command=command), spec)
 
 
-@pytest.mark.parametrize(
-    "setting_field", [f for f in FLAGGED if HINTS[f.name] is bool], ids=lambda f: f.name
-)
-def test_boolean_settings_have_a_flag_and_its_negation(
-    setting_field: Field[Any], tmp_path: Path
-) -> None:
-    flag = flag_name(setting_field)
-    assert flag is not None
-    negation = "--no-" + flag.removeprefix("--")
-    assert getattr(parse(*BASE, flag), setting_field.name) is True
-    assert getattr(parse(*BASE, negation), setting_field.name) is False
+@pytest.mark.parametrize("spec", [s for s in FLAGGED if s.value_type is bool], ids=lambda s: s.name)
+def test_boolean_settings_have_a_flag_and_its_negation(spec: Setting, tmp_path: Path) -> None:
+    assert spec.flag is not None
+    negation = "--no-" + spec.flag.removeprefix("--")
+    assert value(parse(*BASE, spec.flag), spec) is True
+    assert value(parse(*BASE, negation), spec) is False
     config = tmp_path / "gate.toml"
-    config.write_text(f"{setting_field.name} = true\n")
-    assert getattr(parse(*BASE, "--config", str(config)), setting_field.name) is True
-    assert getattr(parse(*BASE, "--config", str(config), negation), setting_field.name) is False
+    config.write_text(f"[{spec.group}]\n{spec.key} = true\n")
+    assert value(parse(*BASE, "--config", str(config)), spec) is True
+    assert value(parse(*BASE, "--config", str(config), negation), spec) is False
 
 
-@pytest.mark.parametrize("name", sorted(FILE_ONLY))
+@pytest.mark.parametrize("name", sorted(FILE_ONLY | {"routes", "formats"}))
 def test_file_only_settings_have_no_flag(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         build_parser().parse_args(["serve", "--" + name.replace("_", "-"), "x"])
@@ -116,21 +180,25 @@ def test_file_only_settings_have_no_flag(name: str, capsys: pytest.CaptureFixtur
 def test_flags_not_given_leave_the_file_in_force(tmp_path: Path) -> None:
     config = tmp_path / "gate.toml"
     config.write_text(
-        'identity = "trusted-headers"\nmode = "audit"\nworkers = 3\ncustom_reasons = ["HOLD"]\n'
+        '[identity]\nmode = "trusted-headers"\n[filter]\nmode = "audit"\n'
+        '[listen]\nworkers = 3\n[policy]\ncustom_reasons = ["HOLD"]\n'
     )
     settings = parse("--config", str(config), "--workers", "2")
-    assert (settings.mode.value, settings.workers, settings.custom_reasons) == (
-        "audit",
-        2,
-        ("HOLD",),
-    )
+    assert (settings.filter.mode.value, settings.listen.workers) == ("audit", 2)
+    assert settings.policy.custom_reasons == ("HOLD",)
 
 
 def test_flag_values_are_checked_like_file_values() -> None:
-    with pytest.raises(ConfigError, match="setting 'verdict_cache_size'"):
-        parse(*BASE, "--verdict-cache-size", "-1")
-    with pytest.raises(ConfigError, match="setting 'negative_cache_ttl_seconds'"):
-        parse(*BASE, "--negative-cache-ttl-seconds", "0")
+    with pytest.raises(ConfigError) as raised:
+        parse(
+            *BASE,
+            *("--verdict-cache-size", "-1"),
+            *("--negative-cache-ttl-seconds", "0"),
+        )
+    assert set(raised.value.problems) == {
+        "cache.verdict_size (--verdict-cache-size): must be >= 0",
+        "cache.negative_ttl_seconds (--negative-cache-ttl-seconds): must be > 0",
+    }
 
 
 def test_only_a_grpc_listen_flag_turns_off_the_proxy_private_socket() -> None:
@@ -140,11 +208,36 @@ def test_only_a_grpc_listen_flag_turns_off_the_proxy_private_socket() -> None:
     assert given.grpc_listen == "127.0.0.1:9009"
 
 
+def test_help_lists_the_flags_by_group(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert "[identity] settings:" in out
+    listen = out[out.index("[listen] settings:") : out.index("[identity] settings:")]
+    assert "--grpc-listen" in listen
+    assert "[listen.grpc]" in listen  # each flag's help names its key in the file
+
+
+def test_configuration_errors_exit_2_one_line_per_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "gate.toml"
+    config.write_text('tenant_claim = "org"\n[cache]\nsize = 0\n')
+    assert main(["serve", "--config", str(config)]) == ExitCode.CANNOT_RUN
+    assert capsys.readouterr().err.splitlines() == [
+        "error: tenant_claim is now identity.tenant_claim "
+        "(in the [identity] table: tenant_claim = ...)",
+        "error: cache.size: must be >= 1",
+        "error: identity.mode is required (--identity): "
+        "jwt, envoy-jwt, trusted-headers or mesh-mtls",
+    ]
+
+
 def test_exit_codes_keep_their_values(capsys: pytest.CaptureFixture[str]) -> None:
     assert [int(code) for code in ExitCode] == [0, 1, 2, 130]
     assert (STOPPED, DIED) == (ExitCode.OK, ExitCode.FAILED)  # what serve and proxy return
     assert main(["serve"]) == ExitCode.CANNOT_RUN  # no identity
-    assert "'identity' is required" in capsys.readouterr().err
+    assert "identity.mode is required" in capsys.readouterr().err
     proxy = ["proxy", "--identity", "trusted-headers", "--upstream", "ftp://x", "--listen", "h:1"]
     assert main(proxy) == ExitCode.CANNOT_RUN
     assert "upstream must be" in capsys.readouterr().err

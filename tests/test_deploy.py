@@ -21,6 +21,7 @@ from tests.fixtures.envoy_configs import (
     listener,
     yaml_documents,
 )
+from tests.fixtures.settings import settings_of
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.envoy
@@ -44,19 +45,19 @@ def test_reference_envoy_yaml_is_what_proxy_generates() -> None:
     # One source of truth: the commented reference and the code may differ
     # only in addresses, so a fail-closed setting changed in one is caught.
     (shipped,) = yaml_documents((ROOT / "deploy" / "envoy" / "envoy.yaml").read_text())
-    assert gate_parts(shipped) == gate_parts(generated(Settings(**REFERENCE_IDENTITY)))
+    assert gate_parts(shipped) == gate_parts(generated(settings_of(**REFERENCE_IDENTITY)))
 
 
 def test_the_comparison_sees_a_changed_fail_closed_setting() -> None:
     (shipped,) = yaml_documents((ROOT / "deploy" / "envoy" / "envoy.yaml").read_text())
     http_filter(listener(shipped), EXT_PROC)["failure_mode_allow"] = True
-    assert gate_parts(shipped) != gate_parts(generated(Settings(**REFERENCE_IDENTITY)))
+    assert gate_parts(shipped) != gate_parts(generated(settings_of(**REFERENCE_IDENTITY)))
 
 
 @pytest.mark.parametrize("upstream", ["http://127.0.0.1:6333", "https://vectors.example:443"])
 @pytest.mark.parametrize("sidecar", ["unix:/tmp/gate.sock", "127.0.0.1:9001"])
 def test_generated_bootstrap_is_valid(tmp_path: Path, upstream: str, sidecar: str) -> None:
-    settings = Settings(identity=IdentityMode.TRUSTED_HEADERS, grpc_listen=sidecar)
+    settings = settings_of(identity=IdentityMode.TRUSTED_HEADERS, grpc_listen=sidecar)
     bootstrap = build_bootstrap(
         settings, listen=("127.0.0.1", 16334), upstream=Upstream.parse(upstream)
     )
@@ -68,7 +69,7 @@ def test_generated_bootstrap_is_valid(tmp_path: Path, upstream: str, sidecar: st
 
 def test_generated_bootstrap_fails_closed() -> None:
     bootstrap = build_bootstrap(
-        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+        settings_of(identity=IdentityMode.TRUSTED_HEADERS),
         listen=("127.0.0.1", 1),
         upstream=Upstream.parse("http://db:1"),
     )
@@ -84,7 +85,7 @@ def test_generated_bootstrap_fails_closed() -> None:
     assert filters["envoy.filters.http.ext_proc"]["processing_mode"]["response_body_mode"] == (
         "BUFFERED"
     )
-    assert listener["per_connection_buffer_limit_bytes"] == Settings().max_body_bytes
+    assert listener["per_connection_buffer_limit_bytes"] == Settings().listen.max_body_bytes
 
 
 @pytest.mark.parametrize("bad", ["ftp://x", "http://", "http://db:6333/prefix", "db:6333"])
@@ -110,7 +111,7 @@ def test_envoy_jwt_bootstrap_is_valid(tmp_path: Path, keys: str) -> None:
     else:
         (tmp_path / "secret").write_bytes(tokens.hmac_secret())
         options["jwt_hmac_secret_file"] = tmp_path / "secret"
-    settings = Settings(identity=IdentityMode.ENVOY_JWT, **options)  # type: ignore[arg-type]
+    settings = settings_of(identity=IdentityMode.ENVOY_JWT, **options)
     generated = None
     if keys != "jwks_url":
         generated = tmp_path / "generated.json"
@@ -142,14 +143,16 @@ def test_envoy_jwt_refuses_weak_keys(tmp_path: Path, kind: str, message: str) ->
 
     if kind == "short-hmac":
         (tmp_path / "key").write_bytes(b"too short")
-        settings = Settings(identity=IdentityMode.ENVOY_JWT, jwt_hmac_secret_file=tmp_path / "key")
+        settings = settings_of(
+            identity=IdentityMode.ENVOY_JWT, jwt_hmac_secret_file=tmp_path / "key"
+        )
     else:
         weak = rsa.generate_private_key(public_exponent=65537, key_size=1024).public_key()
         pem = weak.public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
         (tmp_path / "key").write_bytes(pem)
-        settings = Settings(identity=IdentityMode.ENVOY_JWT, jwt_public_key=tmp_path / "key")
+        settings = settings_of(identity=IdentityMode.ENVOY_JWT, jwt_public_key=tmp_path / "key")
     with pytest.raises(ValueError, match=message):
         write_generated_jwks(settings, tmp_path / "out.json")
 
@@ -160,7 +163,7 @@ def test_envoy_jwt_gets_only_the_jwks_file_keys_jwt_mode_would_use(tmp_path: Pat
     strong = tokens.KeyPair.rsa(kid="strong")
     weak = tokens.KeyPair.rsa(kid="weak", bits=1024)
     (tmp_path / "jwks.json").write_text(json.dumps(tokens.jwks(strong, weak)))
-    settings = Settings(identity=IdentityMode.ENVOY_JWT, jwks=str(tmp_path / "jwks.json"))
+    settings = settings_of(identity=IdentityMode.ENVOY_JWT, jwks=str(tmp_path / "jwks.json"))
 
     write_generated_jwks(settings, tmp_path / "generated.json")
 
@@ -169,13 +172,13 @@ def test_envoy_jwt_gets_only_the_jwks_file_keys_jwt_mode_would_use(tmp_path: Pat
     (tmp_path / "weak.json").write_text(json.dumps(tokens.jwks(weak)))
     with pytest.raises(ValueError, match="no usable signature verification key"):
         write_generated_jwks(
-            Settings(identity=IdentityMode.ENVOY_JWT, jwks=str(tmp_path / "weak.json")),
+            settings_of(identity=IdentityMode.ENVOY_JWT, jwks=str(tmp_path / "weak.json")),
             tmp_path / "out.json",
         )
 
 
 def test_generated_bootstrap_lists_every_worker(tmp_path: Path) -> None:
-    settings = Settings(
+    settings = settings_of(
         identity=IdentityMode.TRUSTED_HEADERS, grpc_listen="unix:/tmp/gate.sock", workers=3
     )
     bootstrap = build_bootstrap(

@@ -35,6 +35,7 @@ from sidecar.store.cache import CachedStore
 from sidecar.store.loader import parse_record
 from sidecar.store.sqlite import SqliteStore
 from tests.fixtures.records import record_dict, text_for
+from tests.fixtures.settings import settings_of
 
 SEARCH = Route("POST", "/collections/docs/points/search")
 ALICE = Caller("acme", frozenset({"user:alice", "group:qa"}))
@@ -272,7 +273,7 @@ def test_the_audit_record_takes_its_time_from_the_injected_clock(core: Core) -> 
 
 
 def test_a_strict_refusal_is_recorded_with_its_code_and_nothing_released(core: Core) -> None:
-    core.filter = core.response_filter(Settings(mode=Mode.STRICT).route_policy)
+    core.filter = core.response_filter(settings_of(mode=Mode.STRICT).route_policy)
     result = core.search("1", "3")
     record = core.last_audit()
     assert result.status == 403
@@ -311,7 +312,7 @@ def test_an_unreadable_body_is_recorded_without_decisions(core: Core) -> None:
 def _on_a_full_disk(core: Core, mode: Mode = Mode.ENFORCE) -> ResponseFilter:
     """The core's filter, writing its audit log to /dev/full (every write: ENOSPC)."""
     return core.response_filter(
-        Settings(mode=mode).route_policy, audit=JsonlAuditSink(Path("/dev/full"))
+        settings_of(mode=mode).route_policy, audit=JsonlAuditSink(Path("/dev/full"))
     )
 
 
@@ -347,7 +348,7 @@ def test_audit_mode_passes_no_unreadable_body_it_cannot_record(core: Core) -> No
 
 
 def test_route_policies_are_resolved_once_per_path_and_never_mixed(core: Core) -> None:
-    settings = Settings(routes={"/collections/sops/": RouteOptions(mode=Mode.STRICT)})
+    settings = settings_of(routes={"/collections/sops/": RouteOptions(mode=Mode.STRICT)})
     resolved: list[str] = []
 
     def route_policy(path: str) -> RoutePolicy:
@@ -369,7 +370,7 @@ def test_route_policies_are_resolved_once_per_path_and_never_mixed(core: Core) -
 
 @pytest.mark.parametrize("mode", [Mode.ENFORCE, Mode.STRICT])
 def test_a_body_over_max_hits_is_refused_recorded_and_counted(core: Core, mode: Mode) -> None:
-    core.filter = core.response_filter(Settings(mode=mode).route_policy, max_hits=2)
+    core.filter = core.response_filter(settings_of(mode=mode).route_policy, max_hits=2)
     assert returned_ids(core.search("1", "2")) == ["1", "2"]  # at the limit: decided
     result = core.search("1", "2", "3")
     record = core.last_audit()
@@ -389,7 +390,7 @@ def test_a_body_over_max_hits_is_refused_recorded_and_counted(core: Core, mode: 
 
 
 def test_audit_mode_passes_a_body_over_max_hits_and_records_it(core: Core) -> None:
-    core.filter = core.response_filter(Settings(mode=Mode.AUDIT).route_policy, max_hits=2)
+    core.filter = core.response_filter(settings_of(mode=Mode.AUDIT).route_policy, max_hits=2)
     result = core.search("1", "2", "3")
     assert (result.status, result.body) == (200, None)
     assert core.last_audit()["error"] == "upstream_too_many_hits"
@@ -426,7 +427,7 @@ def fetch_point(core: Core, point_id: str) -> FilterResult:
 def test_a_rejected_point_fetched_by_id_is_answered_as_a_missing_one(
     core: Core, mode: Mode
 ) -> None:
-    core.filter = core.response_filter(Settings(mode=mode).route_policy)
+    core.filter = core.response_filter(settings_of(mode=mode).route_policy)
     rejected = fetch_point(core, "3")  # revoked
     fmt = core.filter.format_for(POINT)
     assert fmt is not None
@@ -442,7 +443,7 @@ def test_a_rejected_point_fetched_by_id_is_answered_as_a_missing_one(
 def test_with_upstream_errors_passed_a_rejected_point_gets_the_databases_not_found(
     core: Core,
 ) -> None:
-    settings = Settings(routes={"/collections/docs": RouteOptions(pass_upstream_errors=True)})
+    settings = settings_of(routes={"/collections/docs": RouteOptions(pass_upstream_errors=True)})
     core.filter = core.response_filter(settings.route_policy)
     rejected = fetch_point(core, "3")
     assert rejected.status == 404

@@ -347,7 +347,7 @@ def test_proxy_terminates_mtls_with_the_tls_settings(tmp_path: Path, pki: Pki) -
     subprocess.run([*CLI, "store", "load", "--store", store, str(chunks)], check=True)
     config = tmp_path / "gate.toml"
     config.write_text(
-        "[workloads]\n"
+        "[identity.workloads]\n"
         f'"{RAG}" = {{tenant = "acme", principals = ["service:rag"]}}\n'
         '"spiffe://cluster.local/ns/{namespace}/sa/*" = {tenant = "{namespace}"}\n'
     )
@@ -387,7 +387,7 @@ def test_proxy_terminates_mtls_with_the_tls_settings(tmp_path: Path, pki: Pki) -
 
 def test_proxy_refuses_mesh_mtls_without_the_tls_settings(tmp_path: Path) -> None:
     config = tmp_path / "gate.toml"
-    config.write_text(f'[workloads]\n"{RAG}" = {{tenant = "acme"}}\n')
+    config.write_text(f'[identity.workloads]\n"{RAG}" = {{tenant = "acme"}}\n')
     result = subprocess.run(
         [
             *CLI,

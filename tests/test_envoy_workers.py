@@ -138,9 +138,9 @@ def test_a_second_sidecar_on_a_taken_port_fails_instead_of_sharing_it(tmp_path: 
     port = free_port()
     config = tmp_path / "gate.toml"
     config.write_text(
-        'identity = "trusted-headers"\n'
-        f'store = "sqlite:///{tmp_path / "gate.db"}"\n'
-        f'grpc_listen = "127.0.0.1:{port}"\n'
+        '[identity]\nmode = "trusted-headers"\n'
+        f'[store]\nurl = "sqlite:///{tmp_path / "gate.db"}"\n'
+        f'[listen]\ngrpc = "127.0.0.1:{port}"\n'
     )
     first = subprocess.Popen([*CLI, "serve", "--config", str(config)], stderr=subprocess.PIPE)
     try:

@@ -48,8 +48,8 @@ def test_uvloop_by_name_without_uvloop_refuses_to_start(monkeypatch: pytest.Monk
 
 def test_the_setting_defaults_to_auto_and_names_the_choices() -> None:
     base = {"identity": "trusted-headers"}
-    assert load_settings(None, base).event_loop is EventLoopName.AUTO
+    assert load_settings(None, base).listen.event_loop is EventLoopName.AUTO
     chosen = load_settings(None, {**base, "event_loop": "asyncio"})
-    assert chosen.event_loop is EventLoopName.ASYNCIO
+    assert chosen.listen.event_loop is EventLoopName.ASYNCIO
     with pytest.raises(ConfigError, match="event_loop"):
         load_settings(None, {**base, "event_loop": "trio"})

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import struct
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,12 @@ import grpc
 import orjson
 from qdrant_client import grpc as qdrant
 
-from sidecar.config import IdentityMode, Settings
+from sidecar.config import IdentityMode
 from sidecar.formats import grpc_frames
 from sidecar.runtime.server import Sidecar
 from sidecar.wire import ext_proc_pb2 as ext_proc
 from tests.fixtures.records import text_for
+from tests.fixtures.settings import settings_of, with_values
 from tests.test_ext_proc_servicer import (
     audit_records,
     client_headers,
@@ -197,8 +197,8 @@ def test_a_grpc_write_is_refused_when_its_body_names_a_collection_of_another_ten
             }
         )
     )
-    settings = replace(
-        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+    settings = with_values(
+        settings_of(identity=IdentityMode.TRUSTED_HEADERS),
         store=f"sqlite:///{tmp_path / 'gate.db'}",
         policy_data=data,
     )

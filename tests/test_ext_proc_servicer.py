@@ -13,7 +13,6 @@ import gzip
 import threading
 import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ import pytest
 import zstandard
 from google.protobuf import struct_pb2
 
-from sidecar.config import IdentityMode, RouteOptions, Settings
+from sidecar.config import IdentityMode, RouteOptions
 from sidecar.core.hits import Route
 from sidecar.core.modes import Mode
 from sidecar.envoy.ext_proc import ExternalProcessorServicer
@@ -36,6 +35,7 @@ from sidecar.wire import ext_proc_pb2 as ext_proc
 from sidecar.wire import ext_proc_pb2_grpc as ext_proc_grpc
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.records import record_dict, text_for
+from tests.fixtures.settings import settings_of, with_values
 
 SEARCH = "/collections/docs/points/search"
 
@@ -100,7 +100,7 @@ async def _servicer_stub(sidecar: Sidecar) -> AsyncIterator[ext_proc_grpc.Extern
         ExternalProcessorServicer(
             sidecar.request_path,
             sidecar.response_filter,
-            max_body_bytes=sidecar.settings.max_body_bytes,
+            max_body_bytes=sidecar.settings.listen.max_body_bytes,
         ),
         server,
     )
@@ -153,8 +153,8 @@ def run_open_stream(
 
 @pytest.fixture
 def sidecar(tmp_path: Path) -> Sidecar:
-    settings = replace(
-        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+    settings = with_values(
+        settings_of(identity=IdentityMode.TRUSTED_HEADERS),
         store=f"sqlite:///{tmp_path / 'gate.db'}",
         audit_log=tmp_path / "audit.jsonl",
     )
@@ -275,8 +275,8 @@ def test_the_stream_stays_open_while_a_body_is_still_to_come(sidecar: Sidecar) -
 
 
 def audit_records(sidecar: Sidecar) -> list[dict[str, Any]]:
-    assert sidecar.settings.audit_log is not None
-    return [orjson.loads(line) for line in sidecar.settings.audit_log.read_bytes().splitlines()]
+    assert sidecar.settings.audit.log is not None
+    return [orjson.loads(line) for line in sidecar.settings.audit.log.read_bytes().splitlines()]
 
 
 def responses_counted(sidecar: Sidecar, outcome: str) -> float:
@@ -355,8 +355,8 @@ def test_a_compressed_upstream_error_is_decoded_for_the_audit_record(sidecar: Si
 
 def routed_sidecar(tmp_path: Path, **routes: RouteOptions) -> Sidecar:
     """A sidecar whose ``routes`` are keyed by collection name."""
-    settings = replace(
-        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+    settings = with_values(
+        settings_of(identity=IdentityMode.TRUSTED_HEADERS),
         store=f"sqlite:///{tmp_path / 'gate.db'}",
         audit_log=tmp_path / "audit.jsonl",
         routes={f"/collections/{name}": options for name, options in routes.items()},
@@ -389,8 +389,8 @@ def test_audit_mode_passes_an_upstream_error_unchanged_and_records_it(tmp_path: 
 
 
 def test_an_upstream_error_that_cannot_be_recorded_is_500(tmp_path: Path) -> None:
-    settings = replace(
-        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+    settings = with_values(
+        settings_of(identity=IdentityMode.TRUSTED_HEADERS),
         store=f"sqlite:///{tmp_path / 'gate.db'}",
         audit_log=Path("/dev/full"),
     )
@@ -503,8 +503,8 @@ def test_corrupt_compressed_body_is_502(sidecar: Sidecar) -> None:
 
 
 def test_compressed_body_over_the_limit_once_decoded_is_502(tmp_path: Path) -> None:
-    settings = replace(
-        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+    settings = with_values(
+        settings_of(identity=IdentityMode.TRUSTED_HEADERS),
         store=f"sqlite:///{tmp_path / 'gate.db'}",
         max_body_bytes=len(BODY) - 1,
     )
@@ -538,8 +538,8 @@ def test_unexpected_failure_answers_500(sidecar: Sidecar, monkeypatch: pytest.Mo
 
 @pytest.fixture
 def pushing_sidecar(tmp_path: Path) -> Sidecar:
-    settings = replace(
-        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+    settings = with_values(
+        settings_of(identity=IdentityMode.TRUSTED_HEADERS),
         store=f"sqlite:///{tmp_path / 'gate.db'}",
         tenant_key="tenant_id",
         overfetch_factor=2.0,
@@ -626,8 +626,8 @@ def test_a_large_body_is_parsed_off_the_event_loop_while_small_ones_complete(
     parsed on the event loop, the hold would stall every stream, the small
     ones could only finish after it, and the large one would be done first.
     """
-    settings = replace(
-        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+    settings = with_values(
+        settings_of(identity=IdentityMode.TRUSTED_HEADERS),
         store=f"sqlite:///{tmp_path / 'gate.db'}",
         audit_log=tmp_path / "audit.jsonl",
         max_hits=100_000,
@@ -652,14 +652,14 @@ def test_a_large_body_is_parsed_off_the_event_loop_while_small_ones_complete(
     monkeypatch.setattr(fmt, "parse", held)
 
     async def go() -> tuple[bool, list[bytes], bytes]:
-        limit = settings.grpc_max_message_bytes
+        limit = settings.listen.grpc_max_message_bytes
         options = [("grpc.max_receive_message_length", limit)]
         server = grpc.aio.server(options=options)
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(
             ExternalProcessorServicer(
                 sidecar.request_path,
                 sidecar.response_filter,
-                max_body_bytes=settings.max_body_bytes,
+                max_body_bytes=settings.listen.max_body_bytes,
             ),
             server,
         )
@@ -713,8 +713,8 @@ def test_url_parameters_that_replace_the_query_are_refused(sidecar: Sidecar) -> 
 def test_a_collection_the_body_names_passes_the_ownership_check(tmp_path: Path) -> None:
     data = tmp_path / "data.json"
     data.write_text('{"retrieval_gate": {"collections": {"finance": {"tenants": ["globex"]}}}}')
-    settings = replace(
-        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+    settings = with_values(
+        settings_of(identity=IdentityMode.TRUSTED_HEADERS),
         store=f"sqlite:///{tmp_path / 'gate.db'}",
         policy_data=data,
     )
@@ -729,8 +729,8 @@ def test_a_collection_the_body_names_passes_the_ownership_check(tmp_path: Path) 
 
 
 def test_a_tenant_key_the_format_cannot_use_is_a_configuration_error(tmp_path: Path) -> None:
-    settings = replace(
-        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+    settings = with_values(
+        settings_of(identity=IdentityMode.TRUSTED_HEADERS),
         store=f"sqlite:///{tmp_path / 'gate.db'}",
         tenant_key="not a field",
     )

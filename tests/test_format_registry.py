@@ -114,7 +114,7 @@ def test_pinning_an_unknown_format_is_an_error() -> None:
 def test_formats_and_pinned_routes_from_a_config_file(tmp_path: Path) -> None:
     config = tmp_path / "gate.toml"
     config.write_text(
-        'identity = "trusted-headers"\n'
+        '[identity]\nmode = "trusted-headers"\n'
         "[formats.elasticsearch]\n"
         'text_field = "body"\n'
         "[formats.inhouse]\n"
@@ -135,13 +135,13 @@ def test_formats_and_pinned_routes_from_a_config_file(tmp_path: Path) -> None:
     [
         ("[formats.qdrant]\ncolour = 1\n", "formats.qdrant: unknown option 'colour'"),
         ('[routes."/x/"]\nformat = "solr"\n', "no enabled format is named 'solr'"),
-        ("formats = 3\n", "setting 'formats'"),
-        ('[routes."/x/"]\nformat = 3\n', "format must be a format name"),
+        ("formats = 3\n", "formats: must be a table"),
+        ('[routes."/x/"]\nformat = 3\n', 'routes."/x/".format: must be a string'),
     ],
 )
 def test_bad_format_settings_are_config_errors(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "gate.toml"
-    config.write_text('identity = "trusted-headers"\n' + text)
+    config.write_text(text + '[identity]\nmode = "trusted-headers"\n')
     with pytest.raises(ConfigError, match=message):
         load_settings(config)
 

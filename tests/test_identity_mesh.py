@@ -339,13 +339,13 @@ def _tls_files(tmp_path: Path) -> dict[str, str]:
 def test_settings_from_a_file_with_a_workloads_table(tmp_path: Path) -> None:
     config = tmp_path / "gate.toml"
     config.write_text(
-        'identity = "mesh-mtls"\n'
-        "[workloads]\n"
+        '[identity]\nmode = "mesh-mtls"\n'
+        "[identity.workloads]\n"
         f'"{RAG}" = {{tenant = "acme", principals = ["service:rag"]}}\n'
         '"spiffe://cluster.local/ns/{namespace}/sa/*" = {tenant = "{namespace}"}\n'
     )
     settings = load_settings(config)
-    assert WorkloadMap.parse(settings.workloads).lookup(parse_spiffe_id(RAG)) == Caller(
+    assert WorkloadMap.parse(settings.identity.workloads).lookup(parse_spiffe_id(RAG)) == Caller(
         "acme", frozenset({"service:rag", RAG})
     )
 
@@ -353,9 +353,9 @@ def test_settings_from_a_file_with_a_workloads_table(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"identity": "mesh-mtls"}, "needs a [workloads] table"),
-        ({"identity": "mesh-mtls", "workloads": {"spiffe://td/a": {}}}, "setting 'workloads'"),
-        ({"identity": "mesh-mtls", "workloads": ["x"]}, "setting 'workloads'"),
+        ({"identity": "mesh-mtls"}, "needs an [identity.workloads] table"),
+        ({"identity": "mesh-mtls", "workloads": {"spiffe://td/a": {}}}, "identity.workloads: "),
+        ({"identity": "mesh-mtls", "workloads": ["x"]}, "identity.workloads: must be a table"),
     ],
 )
 def test_mesh_settings_that_cannot_work_are_refused(
@@ -399,9 +399,9 @@ def test_the_proxy_refuses_a_listener_that_cannot_do_mtls(tmp_path: Path) -> Non
     with pytest.raises(ConfigError, match="Envoy must terminate mTLS"):
         _bootstrap()
     files = _tls_files(tmp_path)
-    with pytest.raises(ConfigError, match=r"go together.*only 'tls_cert_file' given"):
+    with pytest.raises(ConfigError, match=r"go together.*only 'listen.tls_cert_file' given"):
         _bootstrap(tls_cert_file=files["tls_cert_file"])
-    with pytest.raises(ConfigError, match=r"'tls_key_file'.*is not a file"):
+    with pytest.raises(ConfigError, match=r"listen\.tls_key_file: .*is not a file"):
         _bootstrap(**{**files, "tls_key_file": str(tmp_path / "missing.key")})
 
 

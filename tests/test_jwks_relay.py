@@ -33,6 +33,7 @@ from sidecar.runtime.jwks_relay import (
 )
 from sidecar.runtime.ports import free_port
 from tests.fixtures.jwks_server import JwksServer
+from tests.fixtures.settings import settings_of
 from tests.fixtures.tokens import KeyPair, hmac_secret, jwks
 
 # Envoy cannot take an RSA-1024 key from the sidecar unless a test signs with one.
@@ -51,7 +52,7 @@ def provider() -> Iterator[JwksServer]:
 
 
 def envoy_jwt(jwks_url: str = IDP, **options: Any) -> Settings:
-    return Settings(
+    return settings_of(
         identity=IdentityMode.ENVOY_JWT,
         jwks=jwks_url,
         issuer="https://issuer.test",
@@ -246,7 +247,7 @@ def test_serving_needs_a_relay_only_for_envoy_jwt_with_a_url(provider: JwksServe
                 return -1  # nothing listens
 
     assert asyncio.run(status(envoy_jwt(provider.url, jwks_relay=f"127.0.0.1:{port}"))) == 200
-    jwt_mode = Settings(
+    jwt_mode = settings_of(
         identity=IdentityMode.JWT, jwks=provider.url, jwks_relay=f"127.0.0.1:{port}"
     )
     assert asyncio.run(status(jwt_mode)) == -1
@@ -278,7 +279,7 @@ def test_the_relay_listens_on_loopback_only(relay: str) -> None:
 
 def test_no_relay_without_a_jwks_url(tmp_path: Path) -> None:
     assert relay_address(envoy_jwt(str(tmp_path / "jwks.json"))) is None
-    assert relay_address(Settings(identity=IdentityMode.JWT, jwks=IDP)) is None
+    assert relay_address(settings_of(identity=IdentityMode.JWT, jwks=IDP)) is None
 
 
 @pytest.mark.parametrize(

@@ -58,6 +58,7 @@ from tests.fixtures.envoy_configs import (
 )
 from tests.fixtures.records import record_dict, text_for
 from tests.fixtures.servers import server_missing
+from tests.fixtures.settings import settings_of
 from tests.harness import GateStack, HttpResult, search_ids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -387,10 +388,10 @@ def test_the_gate_listens_on_loopback_and_its_probes_call_that_address(
     overlay: str, tmp_path: Path
 ) -> None:
     settings = pod_settings(overlay, tmp_path)
-    assert settings.grpc_listen.rpartition(":")[0] == "127.0.0.1"  # nobody outside the pod
+    assert settings.listen.grpc.rpartition(":")[0] == "127.0.0.1"  # nobody outside the pod
     gate = container(overlay, GATE)
     env = {e["name"]: e.get("value") for e in gate["env"]}
-    assert env["GATE_HEALTHCHECK_ADDRESS"] == settings.grpc_listen
+    assert env["GATE_HEALTHCHECK_ADDRESS"] == settings.listen.grpc
     # The probes run the image's health check, where the Dockerfile puts it.
     copied = re.search(
         r"^COPY deploy/container/healthcheck\.py (\S+)$",
@@ -479,13 +480,13 @@ def test_the_gate_pods_admit_clients_only_on_envoys_port() -> None:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_shipped_settings_and_policy_data_load(overlay: str, tmp_path: Path) -> None:
     settings = pod_settings(overlay, tmp_path)
-    assert settings.identity is IdentityMode.ENVOY_JWT
-    assert settings.store.startswith("postgresql://")  # shared by every replica
-    assert ":" not in settings.store.split("//", 1)[1].split("@", 1)[0]  # no password in it
+    assert settings.identity.mode is IdentityMode.ENVOY_JWT
+    assert settings.store.url.startswith("postgresql://")  # shared by every replica
+    assert ":" not in settings.store.url.split("//", 1)[1].split("@", 1)[0]  # no password in it
     data = tmp_path / "policy-data.json"
     data.write_text(config_file(overlay, "retrieval-gate-config", "policy-data.json"))
-    assert settings.policy_data is not None
-    assert load_policy_data(Settings(policy_data=data)) is not None
+    assert settings.policy.data is not None
+    assert load_policy_data(settings_of(policy_data=data)) is not None
 
 
 @pytest.mark.envoy
@@ -750,13 +751,13 @@ def test_request_authentication_agrees_with_the_gate(tmp_path: Path) -> None:
     settings = pod_settings("istio", tmp_path)
     (authn,) = objects("istio", "RequestAuthentication")
     (rule,) = authn["spec"]["jwtRules"]
-    assert rule["issuer"] == settings.issuer
-    assert settings.audience in rule["audiences"]
-    assert rule["jwksUri"] == settings.jwks
+    assert rule["issuer"] == settings.identity.issuer
+    assert settings.identity.audience in rule["audiences"]
+    assert rule["jwksUri"] == settings.identity.jwks
     # The gate checks that the token Istio verified is the request's only one.
     assert rule["forwardOriginalToken"] is True
     # The gate reads the payload where Istio writes it.
-    assert settings.jwt_payload_key == ISTIO_PAYLOAD_KEY
+    assert settings.identity.jwt_payload_key == ISTIO_PAYLOAD_KEY
     ext_proc = patch_value("istio", "HTTP_FILTER", "INSERT_BEFORE")["typed_config"]
     assert JWT_AUTHN_NAMESPACE in ext_proc["metadata_options"]["forwarding_namespaces"]["untyped"]
 
@@ -773,7 +774,7 @@ def test_the_ext_authz_provider_is_the_gate_and_fails_closed(tmp_path: Path) -> 
     assert grpc["service"] in entry["spec"]["hosts"]
     assert [e["address"] for e in entry["spec"]["endpoints"]] == ["127.0.0.1"]
     assert [p["number"] for p in entry["spec"]["ports"]] == [grpc["port"]]
-    assert settings.grpc_listen == f"127.0.0.1:{grpc['port']}"
+    assert settings.listen.grpc == f"127.0.0.1:{grpc['port']}"
     # Istio's check carries no filter metadata unless told: the verified payload must go along.
     merge = next(
         p

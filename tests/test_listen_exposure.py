@@ -34,7 +34,7 @@ def settings(**values: object) -> Settings:
 
 
 def test_an_exposed_listener_is_refused_without_the_setting() -> None:
-    with pytest.raises(ConfigError, match=r"believed as Envoy.*expose_grpc_listen"):
+    with pytest.raises(ConfigError, match=r"believed as Envoy.*listen.expose_grpc"):
         check_exposure(settings(grpc_listen="0.0.0.0:9001"))
 
 
@@ -51,7 +51,7 @@ def test_serve_and_proxy_exit_2_before_listening(
     if command == "proxy":
         args += ["--upstream", "http://127.0.0.1:6333", "--listen", "127.0.0.1:6334"]
     assert main(args) == 2
-    assert "expose_grpc_listen" in capsys.readouterr().err
+    assert "--expose-grpc-listen" in capsys.readouterr().err
 
 
 # Keys, policy and decisions fetched over the network: plain http only on this host.
@@ -69,8 +69,10 @@ def test_serve_and_proxy_exit_2_before_listening(
 def test_plain_http_to_another_host_is_refused_without_the_setting(
     values: dict[str, str],
 ) -> None:
-    name = next(k for k in values if k != "policy_engine")
-    with pytest.raises(ConfigError, match=rf"setting '{name}' .*plain http.*allow_plain_http"):
+    name = {"jwks": "identity.jwks", "policy_bundle": "policy.bundle", "opa_url": "policy.opa_url"}[
+        next(k for k in values if k != "policy_engine")
+    ]
+    with pytest.raises(ConfigError, match=rf"{name} .*plain http.*allow_plain_http"):
         check_plain_http(settings(**values))
     check_plain_http(settings(**values, allow_plain_http=True))
 

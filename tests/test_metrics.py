@@ -127,9 +127,12 @@ def test_the_allowlist_cannot_take_a_reserved_label_value(taken: str) -> None:
 
 def test_the_allowlist_setting_is_read_from_the_file(tmp_path: Path) -> None:
     config = tmp_path / "gate.toml"
-    config.write_text('identity = "trusted-headers"\nmetric_collections = ["sops", "hr", "sops"]\n')
-    assert load_settings(config).metric_collections == ("sops", "hr")
-    assert Settings().metric_collections == ()
+    config.write_text(
+        '[identity]\nmode = "trusted-headers"\n'
+        '[telemetry]\nmetric_collections = ["sops", "hr", "sops"]\n'
+    )
+    assert load_settings(config).telemetry.metric_collections == ("sops", "hr")
+    assert Settings().telemetry.metric_collections == ()
 
 
 # Written out, not read from sidecar.metrics: the series an alert waits for on

@@ -282,7 +282,7 @@ def test_the_token_file_is_read_and_stripped(tmp_path: Path) -> None:
         read_token_file(tmp_path / "missing")
 
 
-# Settings and engine selection (sidecar/config.py, sidecar/runtime/server.py).
+# Settings and engine selection (sidecar/config/, sidecar/runtime/server.py).
 
 
 def _settings(**values: Any) -> Any:
@@ -291,7 +291,7 @@ def _settings(**values: Any) -> Any:
 
 def test_regorus_is_the_default_engine() -> None:
     settings = _settings()
-    assert settings.policy_engine is PolicyEngineName.REGORUS
+    assert settings.policy.engine is PolicyEngineName.REGORUS
     policy, request_policy, _ = build_policies(settings)
     assert isinstance(policy, RegorusEngine)
     assert isinstance(request_policy, RequestPolicy)
@@ -324,7 +324,6 @@ def test_a_down_opa_at_start_is_logged_and_fails_closed(
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"policy_engine": "opa"}, "needs --opa-url"),
         ({"policy_engine": "opa", "opa_url": "opa:8181"}, "http://host"),
         ({"policy_engine": "opa", "opa_url": "http://o:1", "opa_token_file": "/nope"}, "token"),
     ],
@@ -340,9 +339,13 @@ def test_opa_settings_are_checked_when_the_engine_is_built(
     ("values", "message"),
     [
         ({"policy_engine": "opa", "policy_data": "d.json"}, "load the data into OPA"),
-        ({"policy_engine": "opa", "opa_timeout_ms": 2000}, "below 'message_timeout_ms'"),
-        ({"policy_engine": "rego"}, "policy_engine"),
-        ({"opa_timeout_ms": 0}, "opa_timeout_ms"),
+        ({"policy_engine": "opa"}, r"needs policy\.opa_url \(--opa-url\)"),
+        (
+            {"policy_engine": "opa", "opa_url": "http://o:1", "opa_timeout_ms": 2000},
+            r"below listen\.message_timeout_ms",
+        ),
+        ({"policy_engine": "rego"}, r"policy\.engine \(--policy-engine\): 'rego' is not one of"),
+        ({"opa_timeout_ms": 0}, r"policy\.opa_timeout_ms"),
     ],
 )
 def test_opa_settings_are_checked_at_load(values: dict[str, Any], message: str) -> None:

@@ -23,7 +23,6 @@ from sidecar.rego.bundle import BundleError
 from sidecar.rego.reloading import PolicyRevision, ReloadingPolicy
 from sidecar.runtime import policy_source
 from sidecar.runtime.policy_source import FileBundle, HttpBundle, PolicySource, load_bundle_policy
-from sidecar.runtime.server import build_policies
 from tests.fixtures.bundles import blocking_files, make_bundle, rsa_pair
 from tests.fixtures.records import chunk_record
 
@@ -199,14 +198,12 @@ def test_file_bundle_fetches_only_changes(tmp_path: Path) -> None:
 
 def test_settings_refuse_a_bundle_with_opa_or_policy_data(tmp_path: Path) -> None:
     base = {"identity": "trusted-headers", "policy_bundle": str(tmp_path / "b.tar.gz")}
-    with pytest.raises(ConfigError, match="policy_engine 'opa'"):
+    with pytest.raises(ConfigError, match=r"policy\.engine 'opa'"):
         load_settings(None, {**base, "policy_engine": "opa", "opa_url": "http://127.0.0.1:8181"})
     with pytest.raises(ConfigError, match=r"data\.json"):
         load_settings(None, {**base, "policy_data": str(tmp_path / "d.json")})
-    with pytest.raises(ConfigError, match="needs 'policy_bundle'"):
-        build_policies(
-            load_settings(None, {"identity": "trusted-headers", "policy_bundle_public_key": "/k"})
-        )
+    with pytest.raises(ConfigError, match=r"policy\.bundle_public_key needs policy\.bundle"):
+        load_settings(None, {"identity": "trusted-headers", "policy_bundle_public_key": "/k"})
 
 
 class _BundleServer:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -64,6 +63,7 @@ from sidecar.store.sqlite import SqliteStore
 from sidecar.store.store import StoreUnavailable
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.records import record_dict, text_for
+from tests.fixtures.settings import settings_of, with_values
 from tests.test_ext_proc_servicer import (
     request_headers,
     response_body,
@@ -291,7 +291,7 @@ def test_a_trace_its_caller_did_not_sample_is_not_recorded(traced: Traced) -> No
 
 def test_a_substitution_looks_successors_up_in_a_second_child_span(tmp_path: Path) -> None:
     routes = {"/collections/docs/": RouteOptions(substitute_superseded=True)}
-    traced = Traced(tmp_path, Settings(routes=routes))
+    traced = Traced(tmp_path, settings_of(routes=routes))
 
     traced.search([qb.point(4, text_for("4")), qb.point(1, text_for("1"))])
 
@@ -346,7 +346,7 @@ def test_an_undecidable_body_is_a_span_with_its_error_code(traced: Traced) -> No
 
 def test_strict_mode_blocking_is_an_outcome_not_an_error(tmp_path: Path) -> None:
     traced = Traced(
-        tmp_path, Settings(routes={"/collections/docs/": RouteOptions(mode=Mode.STRICT)})
+        tmp_path, settings_of(routes={"/collections/docs/": RouteOptions(mode=Mode.STRICT)})
     )
 
     result = traced.search(MIXED)
@@ -410,7 +410,7 @@ def traced_by_mode(tmp_path_factory: pytest.TempPathFactory) -> dict[Mode, Trace
     return {
         mode: Traced(
             tmp_path_factory.mktemp(mode),
-            Settings(mode=mode, tenant_key="tenant", substitute_superseded=True),
+            settings_of(mode=mode, tenant_key="tenant", substitute_superseded=True),
         )
         for mode in Mode
     }
@@ -568,8 +568,8 @@ def test_the_service_name_is_the_variables_or_retrieval_gate(
 
 
 def _settings(tmp_path: Path) -> Settings:
-    return replace(
-        Settings(identity=IdentityMode.TRUSTED_HEADERS),
+    return with_values(
+        settings_of(identity=IdentityMode.TRUSTED_HEADERS),
         store=f"sqlite:///{tmp_path / 'gate.db'}",
         audit_log=tmp_path / "audit.jsonl",
     )

@@ -43,7 +43,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         code: int = args.func(args)
-    except (ConfigError, EnvoyError, FileNotFoundError, ListenError, StoreUnavailable) as exc:
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return ExitCode.CANNOT_RUN
+    except (EnvoyError, FileNotFoundError, ListenError, StoreUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.CANNOT_RUN
     except KeyboardInterrupt:

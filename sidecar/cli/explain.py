@@ -44,7 +44,7 @@ from sidecar.cli.explain_audit import (
 from sidecar.cli.explain_evaluate import CannotExplain, build_gate, decide, failure, lookup, misuse
 from sidecar.cli.explain_output import emit, render_chunks, render_decision
 from sidecar.cli.explain_reasons import chunk_report
-from sidecar.config import Settings, load_settings
+from sidecar.config import PolicySettings, Settings, StoreSettings, load_settings
 from sidecar.core.caller import Caller
 from sidecar.store.loader import format_timestamp, quote_for_message
 
@@ -119,7 +119,7 @@ def _explain_chunks(args: argparse.Namespace) -> int:
         raise misuse("give --store URL (or --config with the sidecar's settings)")
     caller = Caller(args.tenant, frozenset(args.principals), drafts_allowed=args.drafts)
     gate, policy_version, policy_source = build_gate(settings)
-    records = lookup(settings.store, chunk_ids)
+    records = lookup(settings.store.url, chunk_ids)
     now = datetime.now(UTC)
     decisions = decide(gate, caller, chunk_ids, records, texts, now)
     report: dict[str, Any] = {
@@ -203,7 +203,17 @@ def _settings(args: argparse.Namespace) -> Settings | None:
         return None
     # No settings file: load_settings would insist on an identity mode, which
     # explaining does not use; the defaults and these flags are all it needs.
-    return dataclasses.replace(Settings(), **{k: v for k, v in overrides.items() if v is not None})
+    policy = {
+        "dir": args.policy_dir,
+        "data": args.policy_data,
+        "custom_reasons": None if args.custom_reasons is None else tuple(args.custom_reasons),
+    }
+    return Settings(
+        store=StoreSettings(url=args.store),
+        policy=dataclasses.replace(
+            PolicySettings(), **{k: v for k, v in policy.items() if v is not None}
+        ),
+    )
 
 
 def _names(value: str) -> list[str]:

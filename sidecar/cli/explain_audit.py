@@ -169,10 +169,10 @@ def redecide(
         if isinstance(c["chunk_id"], str) and Reason.MALFORMED_CHUNK not in c["then"]["reasons"]
     ]
     chunk_ids = list(dict.fromkeys(c["chunk_id"] for c in redecided_chunks))
-    records = lookup(settings.store, chunk_ids)
+    records = lookup(settings.store.url, chunk_ids)
     now = datetime.now(UTC)
     decided = dict(zip(chunk_ids, decide(gate, caller, chunk_ids, records, {}, now), strict=True))
-    order = ReasonOrder(settings.custom_reasons)
+    order = ReasonOrder(settings.policy.custom_reasons)
     redecided = {id(c) for c in redecided_chunks}
     for chunk in chunks:
         if id(chunk) in redecided:

@@ -64,7 +64,7 @@ def build_gate(settings: Settings) -> tuple[DecisionCore, str, str]:
     except PolicyError as exc:
         raise failure(f"policy: {exc}") from exc
     # No verdict cache: every chunk is evaluated, once.
-    gate = DecisionCore(policy, ReasonOrder(settings.custom_reasons), verdict_cache_size=0)
+    gate = DecisionCore(policy, ReasonOrder(settings.policy.custom_reasons), verdict_cache_size=0)
     return gate, policy.version, source
 
 

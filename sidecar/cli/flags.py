@@ -1,61 +1,50 @@
-"""The setting flags of `serve` and `proxy`, generated from the Settings fields.
+"""The setting flags of `serve` and `proxy`, generated from the settings' groups.
 
-Every setting gets ``--name-with-dashes`` unless its field is marked file-only;
-the value's type comes from the field's annotation: a boolean is ``--x/--no-x``,
-an enum offers its values, a tuple is a comma-separated list. Every flag
-defaults to None, which :func:`load_settings` reads as "not given", so the
-file's value or the default stays in force.
+Every setting that is not file-only gets the flag of its flat name
+(``--tenant-claim`` for ``identity.tenant_claim``, ``--grpc-listen`` for
+``listen.grpc``): the names from before the settings were grouped, which
+scripts and manifests use. The value's type comes from the field's annotation:
+a boolean is ``--x/--no-x``, an enum offers its values, a tuple is a
+comma-separated list. Every flag defaults to None, which :func:`load_settings`
+reads as "not given", so the file's value or the default stays in force.
 """
 
 from __future__ import annotations
 
 import argparse
-import types
-from dataclasses import Field, fields
 from enum import Enum
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, get_origin
 
-from sidecar.config import Settings, load_settings, setting_info
-
-
-def flag_name(setting_field: Field[Any]) -> str | None:
-    """``--max-body-bytes`` for ``max_body_bytes``; None for a file-only setting."""
-    if setting_info(setting_field).file_only is not None:
-        return None
-    return "--" + setting_field.name.replace("_", "-")
+from sidecar.config import GROUPS, SETTINGS, Setting, Settings, load_settings
 
 
 def add_setting_flags(parser: argparse.ArgumentParser) -> None:
-    """Add ``--config`` and one flag per setting that is not file-only."""
+    """Add ``--config`` and one flag per setting that is not file-only, by group."""
     parser.add_argument("--config", type=Path, help="TOML settings file (flags override it)")
-    hints = get_type_hints(Settings)
-    for setting_field in fields(Settings):
-        flag = flag_name(setting_field)
-        if flag is not None:
-            parser.add_argument(
-                flag,
-                dest=setting_field.name,
-                default=None,
-                help=_help(setting_field),
-                **_value_options(hints[setting_field.name]),
-            )
+    for group, cls in GROUPS.items():
+        section = parser.add_argument_group(f"[{group}] settings", cls.__doc__)
+        for spec in SETTINGS:
+            if spec.group == group and spec.flag is not None:
+                section.add_argument(
+                    spec.flag,
+                    dest=spec.name,
+                    default=None,
+                    help=_help(spec),
+                    **_value_options(spec),
+                )
 
 
 def settings_from_flags(args: argparse.Namespace) -> Settings:
     """The settings of ``--config`` with the flags given on the command line over it."""
-    overrides = {
-        setting_field.name: getattr(args, setting_field.name)
-        for setting_field in fields(Settings)
-        if flag_name(setting_field) is not None
-    }
+    overrides = {spec.name: getattr(args, spec.name) for spec in SETTINGS if spec.flag is not None}
     config: Path | None = args.config
     return load_settings(config, overrides)
 
 
-def _value_options(hint: Any) -> dict[str, Any]:
+def _value_options(spec: Setting) -> dict[str, Any]:
     """The add_argument options that turn the flag's text into the setting's type."""
-    value_type = _without_none(hint)
+    value_type = spec.value_type
     if value_type is bool:
         return {"action": argparse.BooleanOptionalAction}
     if value_type in (int, float):
@@ -66,23 +55,16 @@ def _value_options(hint: Any) -> dict[str, Any]:
         return {"type": _comma_list, "metavar": "A,B,..."}
     if value_type in (str, Path):
         return {}
-    raise TypeError(f"no flag for a setting of type {hint}: mark it file-only")
-
-
-def _without_none(hint: Any) -> Any:
-    if isinstance(hint, types.UnionType):
-        (value_type,) = [arg for arg in get_args(hint) if arg is not type(None)]
-        return value_type
-    return hint
+    raise TypeError(f"no flag for a setting of type {spec.type}: mark it file-only")
 
 
 def _comma_list(value: str) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
-def _help(setting_field: Field[Any]) -> str:
-    text = setting_info(setting_field).help
-    default = setting_field.default
+def _help(spec: Setting) -> str:
+    text = f"{spec.info.help} [{spec.path}]"
+    default = spec.default
     if isinstance(default, bool):
         text += f" (default: {'on' if default else 'off'})"
     elif isinstance(default, Enum):

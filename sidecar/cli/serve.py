@@ -42,37 +42,37 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def check_exposure(settings: Settings) -> None:
-    """ConfigError for a ``grpc_listen`` other hosts can reach without ``expose_grpc_listen``.
+    """ConfigError for a ``listen.grpc`` other hosts can reach without ``listen.expose_grpc``.
 
     Envoy's ext_proc and ext_authz streams carry no credential of their own: the
     sidecar believes the caller that Envoy's ext_authz metadata names, so any peer
     that reaches the listener is believed as Envoy.
     """
     try:
-        address = parse_socket_address(settings.grpc_listen)
+        address = parse_socket_address(settings.listen.grpc)
     except ValueError:
         return  # the server names the address it cannot listen on
-    if reachable_from_elsewhere(address) and not settings.expose_grpc_listen:
+    if reachable_from_elsewhere(address) and not settings.listen.expose_grpc:
         raise ConfigError(
-            f"grpc_listen {settings.grpc_listen} can be reached from other hosts, and whoever "
+            f"listen.grpc {settings.listen.grpc} can be reached from other hosts, and whoever "
             "reaches it is believed as Envoy: listen on loopback or a unix socket, or set "
-            "expose_grpc_listen (--expose-grpc-listen) where a network policy admits Envoy alone"
+            "listen.expose_grpc (--expose-grpc-listen) where a network policy admits Envoy alone"
         )
-
-
-# What each URL setting fetches, for the error that refuses it over plain http.
-_FETCHED = {"jwks": "the token keys", "policy_bundle": "the policy", "opa_url": "policy decisions"}
 
 
 def check_plain_http(settings: Settings) -> None:
     """ConfigError for a JWKS, bundle or OPA URL over plain ``http://`` to another host,
-    unless ``allow_plain_http`` is set. Loopback is this host: an OPA or a relay beside
-    the sidecar needs no TLS."""
-    if settings.allow_plain_http:
+    unless ``policy.allow_plain_http`` is set. Loopback is this host: an OPA or a relay
+    beside the sidecar needs no TLS."""
+    if settings.policy.allow_plain_http:
         return
-    for name, what in _FETCHED.items():
-        url = getattr(settings, name)
-        if not isinstance(url, str) or not url.lower().startswith("http://"):
+    fetched = {
+        "identity.jwks": (settings.identity.jwks, "the token keys"),
+        "policy.bundle": (settings.policy.bundle, "the policy"),
+        "policy.opa_url": (settings.policy.opa_url, "policy decisions"),
+    }
+    for name, (url, what) in fetched.items():
+        if url is None or not url.lower().startswith("http://"):
             continue
         try:
             endpoint = parse_http_url(url)
@@ -80,9 +80,10 @@ def check_plain_http(settings: Settings) -> None:
             continue  # named where the URL is used
         if reachable_from_elsewhere(HostPort(endpoint.host, endpoint.port)):
             raise ConfigError(
-                f"setting {name!r} fetches {what} over plain http from another host: whoever "
-                "is on the path can replace them. Use https://, or set allow_plain_http "
-                "(--allow-plain-http) where the network itself is trusted"
+                f"{name} fetches {what} over plain http from another host: whoever "
+                "is on the path can replace them. Use https://, or set "
+                "policy.allow_plain_http (--allow-plain-http) where the network itself is "
+                "trusted"
             )
 
 
@@ -91,16 +92,16 @@ def serve(args: argparse.Namespace) -> int:
     settings = settings_from_flags(args)
     check_exposure(settings)
     check_plain_http(settings)
-    run = serve_until_signalled if settings.workers == 1 else serve_workers_until_signalled
+    run = serve_until_signalled if settings.listen.workers == 1 else serve_workers_until_signalled
     # The relay runs here, once, not in each worker.
-    return event_loop.run(run_with_jwks_relay(settings, run), settings.event_loop)
+    return event_loop.run(run_with_jwks_relay(settings, run), settings.listen.event_loop)
 
 
 def proxy(args: argparse.Namespace) -> int:
     """Run the sidecar and an Envoy in front of ``--upstream``; 1 when either died.
 
     Without ``--grpc-listen`` Envoy reaches the sidecar over a private unix
-    socket (a ``grpc_listen`` in the file does not count: no one else needs it).
+    socket (a ``listen.grpc`` in the file does not count: no one else needs it).
     """
     settings = settings_from_flags(args)
     check_exposure(settings)
@@ -120,5 +121,5 @@ def proxy(args: argparse.Namespace) -> int:
             envoy_concurrency=args.envoy_concurrency,
             private_socket=args.grpc_listen is None,
         ),
-        settings.event_loop,
+        settings.listen.event_loop,
     )

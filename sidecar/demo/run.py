@@ -12,7 +12,15 @@ from pathlib import Path
 import orjson
 
 from sidecar.audit.verify import verify_chain
-from sidecar.config import IdentityMode, Settings
+from sidecar.config import (
+    AuditSettings,
+    FilterSettings,
+    IdentityMode,
+    IdentitySettings,
+    Settings,
+    StoreSettings,
+    TelemetrySettings,
+)
 from sidecar.core.integrity import canonical_sha256
 from sidecar.demo.upstream import CannedResponse, FixtureUpstream
 from sidecar.runtime.addresses import HostPort
@@ -141,11 +149,11 @@ async def run_demo() -> int:
         audit_log = workdir / "decisions.jsonl"
         metrics_port = free_port()
         settings = Settings(
-            identity=IdentityMode.TRUSTED_HEADERS,
-            store=store_url,
-            id_field="chunk_id",
-            audit_log=audit_log,
-            metrics=f"127.0.0.1:{metrics_port}",
+            identity=IdentitySettings(mode=IdentityMode.TRUSTED_HEADERS),
+            store=StoreSettings(url=store_url),
+            filter=FilterSettings(id_field="chunk_id"),
+            audit=AuditSettings(log=audit_log),
+            telemetry=TelemetrySettings(metrics=f"127.0.0.1:{metrics_port}"),
         )
         listen = HostPort("127.0.0.1", free_port())
         stop = asyncio.Event()

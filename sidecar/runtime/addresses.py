@@ -2,7 +2,7 @@
 
 - ``host:port`` (an IPv6 host in brackets, ``[::1]:9001``): ``--metrics``,
   ``proxy --listen``, Envoy's admin address;
-- ``unix:/path`` or ``host:port``: ``grpc_listen``, where the sidecar serves;
+- ``unix:/path`` or ``host:port``: ``listen.grpc``, where the sidecar serves;
 - ``http://host[:port]`` and ``https://host[:port]``: the proxy's upstream and
   a JWKS URL, the port defaulting to the scheme's.
 """

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.config import TLS_FILES, ConfigError, IdentityMode, Settings
+from sidecar.config import ConfigError, IdentityMode, Settings
 from sidecar.identity.envoy_jwt import JWT_AUTHN_NAMESPACE
 from sidecar.identity.mesh import REQUEST_ATTRIBUTES
 from sidecar.request.request_path import IDENTITY_NAMESPACE
@@ -102,11 +102,11 @@ def _seconds(ms: int) -> str:
 def _http_filters(settings: Settings, generated_jwks: Path | None) -> list[dict[str, Any]]:
     grpc_service = {
         "envoy_grpc": {"cluster_name": SIDECAR_CLUSTER},
-        "timeout": _seconds(settings.message_timeout_ms),
+        "timeout": _seconds(settings.listen.message_timeout_ms),
     }
     verify_jwt = (
         [jwt_authn_filter(settings, generated_jwks)]
-        if settings.identity is IdentityMode.ENVOY_JWT
+        if settings.identity.mode is IdentityMode.ENVOY_JWT
         else []
     )
     return [
@@ -121,7 +121,7 @@ def _http_filters(settings: Settings, generated_jwks: Path | None) -> list[dict[
                 # client unfiltered bodies.
                 "failure_mode_allow": False,
                 "status_on_error": {"code": "ServiceUnavailable"},
-                "message_timeout": _seconds(settings.message_timeout_ms),
+                "message_timeout": _seconds(settings.listen.message_timeout_ms),
                 "allow_mode_override": True,
                 "processing_mode": {
                     "request_header_mode": "SEND",
@@ -140,7 +140,7 @@ def _http_filters(settings: Settings, generated_jwks: Path | None) -> list[dict[
                 # connection itself (never a header).
                 **(
                     {"request_attributes": list(REQUEST_ATTRIBUTES)}
-                    if settings.identity is IdentityMode.MESH_MTLS
+                    if settings.identity.mode is IdentityMode.MESH_MTLS
                     else {}
                 ),
             },
@@ -209,23 +209,29 @@ def downstream_tls(settings: Settings) -> dict[str, Any] | None:
     ConfigError for identity ``mesh-mtls`` without the files: its caller is the
     client certificate, which only a TLS listener sees.
     """
-    files = {name: getattr(settings, name) for name in TLS_FILES}
-    given = [name for name, path in files.items() if path is not None]
+    listen = settings.listen
+    files = {
+        "listen.tls_cert_file": listen.tls_cert_file,
+        "listen.tls_key_file": listen.tls_key_file,
+        "listen.tls_client_ca_file": listen.tls_client_ca_file,
+    }
+    given = {name: path for name, path in files.items() if path is not None}
     if not given:
-        if settings.identity is IdentityMode.MESH_MTLS:
+        if settings.identity.mode is IdentityMode.MESH_MTLS:
             raise ConfigError(
-                "identity 'mesh-mtls' with proxy needs tls_cert_file, tls_key_file and "
-                "tls_client_ca_file (--tls-cert-file ...): Envoy must terminate mTLS"
+                "identity.mode 'mesh-mtls' with proxy needs listen.tls_cert_file, "
+                "listen.tls_key_file and listen.tls_client_ca_file (--tls-cert-file ...): "
+                "Envoy must terminate mTLS"
             )
         return None
     if len(given) != len(files):
         raise ConfigError(
-            "settings 'tls_cert_file', 'tls_key_file' and 'tls_client_ca_file' go together "
+            "listen.tls_cert_file, listen.tls_key_file and listen.tls_client_ca_file go together "
             f"(mTLS on the proxy's listener); only {', '.join(map(repr, given))} given"
         )
-    for name, path in files.items():
+    for name, path in given.items():
         if not path.is_file():
-            raise ConfigError(f"setting {name!r}: {path} is not a file")
+            raise ConfigError(f"{name}: {path} is not a file")
     return {
         "name": "envoy.transport_sockets.tls",
         "typed_config": {
@@ -235,12 +241,14 @@ def downstream_tls(settings: Settings) -> dict[str, Any] | None:
                 "tls_params": {"tls_minimum_protocol_version": "TLSv1_2"},
                 "tls_certificates": [
                     {
-                        "certificate_chain": {"filename": str(files["tls_cert_file"].resolve())},
-                        "private_key": {"filename": str(files["tls_key_file"].resolve())},
+                        "certificate_chain": {
+                            "filename": str(given["listen.tls_cert_file"].resolve())
+                        },
+                        "private_key": {"filename": str(given["listen.tls_key_file"].resolve())},
                     }
                 ],
                 "validation_context": {
-                    "trusted_ca": {"filename": str(files["tls_client_ca_file"].resolve())}
+                    "trusted_ca": {"filename": str(given["listen.tls_client_ca_file"].resolve())}
                 },
                 # gRPC clients (Milvus) need h2; the connection manager picks by ALPN.
                 "alpn_protocols": ["h2", "http/1.1"],
@@ -316,7 +324,7 @@ def build_bootstrap(
                     "address": _address(host, port),
                     # Envoy buffers the whole response body for ext_proc; a body
                     # over this limit is answered with an error, never passed.
-                    "per_connection_buffer_limit_bytes": settings.max_body_bytes,
+                    "per_connection_buffer_limit_bytes": settings.listen.max_body_bytes,
                     "filter_chains": [
                         {
                             **({"transport_socket": tls} if tls is not None else {}),
@@ -359,7 +367,7 @@ def build_bootstrap(
                                         }
                                     }
                                     for address in worker_addresses(
-                                        settings.grpc_listen, settings.workers
+                                        settings.listen.grpc, settings.listen.workers
                                     )
                                 ]
                             }

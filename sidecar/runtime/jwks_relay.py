@@ -61,12 +61,14 @@ def relay_address(settings: Settings) -> HostPort | UnixSocket | None:
     loopback IP: the set is for the Envoy next to the sidecar, and a name
     could resolve elsewhere. Raises ConfigError otherwise.
     """
-    if settings.identity is not IdentityMode.ENVOY_JWT or not is_jwks_url(settings.jwks):
+    if settings.identity.mode is not IdentityMode.ENVOY_JWT or not is_jwks_url(
+        settings.identity.jwks
+    ):
         return None
     try:
-        address = parse_socket_address(settings.jwks_relay)
+        address = parse_socket_address(settings.identity.jwks_relay)
         if isinstance(address, HostPort) and not ipaddress.ip_address(address.host).is_loopback:
-            raise ValueError(f"not a loopback address: {settings.jwks_relay!r}")
+            raise ValueError(f"not a loopback address: {settings.identity.jwks_relay!r}")
     except ValueError as exc:
         raise ConfigError(f"setting 'jwks_relay' (loopback ip:port or unix:/path): {exc}") from None
     return address
@@ -163,8 +165,8 @@ async def serving_jwks_relay(settings: Settings) -> AsyncIterator[None]:
     if address is None:
         yield
         return
-    assert settings.jwks is not None  # relay_address: a JWKS URL
-    relay = JwksRelay(JwksUrl(settings.jwks), address)
+    assert settings.identity.jwks is not None  # relay_address: a JWKS URL
+    relay = JwksRelay(JwksUrl(settings.identity.jwks), address)
     await relay.start()
     try:
         yield

@@ -43,7 +43,7 @@ _TYPE = "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthe
 
 def needs_generated_jwks(settings: Settings) -> bool:
     """True when Envoy gets its keys from a JWKS file the sidecar writes (every key but a URL)."""
-    return not is_jwks_url(settings.jwks)
+    return not is_jwks_url(settings.identity.jwks)
 
 
 def write_generated_jwks(settings: Settings, path: Path) -> None:
@@ -55,12 +55,12 @@ def write_generated_jwks(settings: Settings, path: Path) -> None:
     `envoy-jwt` accepts no weaker key than `jwt`.
     """
     keys: tuple[VerificationKey, ...]
-    if settings.jwt_public_key is not None:
-        keys = (PemPublicKey(settings.jwt_public_key).key,)
-    elif settings.jwt_hmac_secret_file is not None:
-        keys = (HmacSecret(settings.jwt_hmac_secret_file).key,)
-    elif settings.jwks is not None and not is_jwks_url(settings.jwks):
-        keys = JwksFile(settings.jwks).keys
+    if settings.identity.jwt_public_key is not None:
+        keys = (PemPublicKey(settings.identity.jwt_public_key).key,)
+    elif settings.identity.jwt_hmac_secret_file is not None:
+        keys = (HmacSecret(settings.identity.jwt_hmac_secret_file).key,)
+    elif settings.identity.jwks is not None and not is_jwks_url(settings.identity.jwks):
+        keys = JwksFile(settings.identity.jwks).keys
     else:
         raise ValueError("no PEM key, HMAC secret or JWKS file configured")
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -90,18 +90,18 @@ def jwt_authn_filter(settings: Settings, generated_jwks: Path | None = None) -> 
     """The jwt_authn HTTP filter: verifies, records the outcome, never refuses on its own."""
     provider = {
         # Issuer and audience are also checked by the sidecar, from the payload.
-        "issuer": settings.issuer,
+        "issuer": settings.identity.issuer,
         # Kept for the sidecar, which checks that the request carries no other
         # token than the one verified here, and strips every credential header.
         "forward": True,
-        "payload_in_metadata": settings.jwt_payload_key,
+        "payload_in_metadata": settings.identity.jwt_payload_key,
         "failed_status_in_metadata": FAILURE_KEY,
-        "clock_skew_seconds": int(settings.jwt_leeway_seconds),
+        "clock_skew_seconds": int(settings.identity.jwt_leeway_seconds),
         # Where clients put it: Envoy reads headers with a prefix, so the pymilvus
         # form (the token in base64) needs identity jwt (docs/identity.md).
         "from_headers": [
             {"name": "authorization", "value_prefix": "Bearer "},
-            *([{"name": "api-key"}] if API_KEY in settings.jwt_credentials else []),
+            *([{"name": "api-key"}] if API_KEY in settings.identity.jwt_credentials else []),
         ],
         **_jwks_source(settings, generated_jwks),
     }

@@ -1,6 +1,6 @@
 """Where policy bundles come from, and the poller that hot-reloads them.
 
-``policy_bundle`` is a file (re-read when its size, mtime or inode changes) or
+``policy.bundle`` is a file (re-read when its size, mtime or inode changes) or
 an http(s) URL (polled with ``If-None-Match``: a ``304`` costs no download).
 Every worker process runs its own poller, so each worker verifies, compiles
 and tests a new revision before it swaps it in; workers may switch a poll
@@ -201,44 +201,44 @@ class PolicySource:
 
 
 def load_bundle_policy(settings: Settings, metrics: GateMetrics) -> PolicySource:
-    """The first revision of ``policy_bundle``, active, and its poller (not started).
+    """The first revision of ``policy.bundle``, active, and its poller (not started).
 
     Raises ConfigError when the key cannot be read or the first bundle is not
     usable: with no last good revision, the sidecar must not start.
     """
-    assert settings.policy_bundle is not None  # the caller checks
+    assert settings.policy.bundle is not None  # the caller checks
     public_key = None
-    if settings.policy_bundle_public_key is not None:
+    if settings.policy.bundle_public_key is not None:
         try:
-            public_key = settings.policy_bundle_public_key.read_bytes()
+            public_key = settings.policy.bundle_public_key.read_bytes()
         except OSError as exc:
             raise ConfigError(
-                f"policy_bundle_public_key {settings.policy_bundle_public_key}: {exc}"
+                f"policy_bundle_public_key {settings.policy.bundle_public_key}: {exc}"
             ) from exc
-    fetcher = bundle_fetcher(settings.policy_bundle)
+    fetcher = bundle_fetcher(settings.policy.bundle)
     try:
         blob = fetcher.fetch()
         assert blob is not None  # the first fetch always has a bundle
         first = prepare_revision(read_bundle(blob, public_key=public_key))
     except BundleError as exc:
         raise ConfigError(
-            f"policy_bundle {_display(settings.policy_bundle)} refused ({exc.reason}): {exc}"
+            f"policy_bundle {_display(settings.policy.bundle)} refused ({exc.reason}): {exc}"
         ) from None
     policy = ReloadingPolicy(first, public_key=public_key, observer=MetricsObserver(metrics))
     log.info(
         "policy bundle revision %r (%s) loaded from %s%s",
         first.revision,
         first.version,
-        _display(settings.policy_bundle),
+        _display(settings.policy.bundle),
         ", signature verified" if public_key is not None else "",
     )
-    return PolicySource(fetcher, policy, poll_seconds=settings.policy_bundle_poll_seconds)
+    return PolicySource(fetcher, policy, poll_seconds=settings.policy.bundle_poll_seconds)
 
 
 def bundle_display(settings: Settings) -> str:
     """Where the bundle comes from, for logs: ``bundle <location>``."""
-    assert settings.policy_bundle is not None
-    return f"bundle {_display(settings.policy_bundle)}"
+    assert settings.policy.bundle is not None
+    return f"bundle {_display(settings.policy.bundle)}"
 
 
 def _display(location: str) -> str:

@@ -37,7 +37,7 @@ async def run_proxy(
     gRPC calls go to ``grpc_upstream``, by default ``upstream``'s port too.
     ``ready`` is set once Envoy reports LIVE and the sidecar is serving.
     With ``private_socket`` Envoy reaches the sidecar over a unix socket in a
-    private temporary directory instead of ``settings.grpc_listen``. Returns 0
+    private temporary directory instead of ``settings.listen.grpc``. Returns 0
     after a requested stop, 1 when Envoy or a sidecar worker died on its own.
     Both are always stopped before returning.
     """
@@ -46,17 +46,19 @@ async def run_proxy(
     with StopSignals(stop) as signals, tempfile.TemporaryDirectory(prefix="retrieval-gate-") as tmp:
         workdir = Path(tmp)
         if private_socket:
-            settings = replace(settings, grpc_listen=f"unix:{workdir / 'gate.sock'}")
+            private = replace(settings.listen, grpc=f"unix:{workdir / 'gate.sock'}")
+            settings = replace(settings, listen=private)
         # Only this Envoy fetches the relayed JWKS: no port to pick, none to collide.
-        settings = replace(settings, jwks_relay=f"unix:{workdir / 'jwks.sock'}")
+        identity = replace(settings.identity, jwks_relay=f"unix:{workdir / 'jwks.sock'}")
+        settings = replace(settings, identity=identity)
         generated_jwks = None
-        if settings.identity is IdentityMode.ENVOY_JWT and needs_generated_jwks(settings):
+        if settings.identity.mode is IdentityMode.ENVOY_JWT and needs_generated_jwks(settings):
             generated_jwks = workdir / "jwks.json"
             write_generated_jwks(settings, generated_jwks)
         async with serving_jwks_relay(settings):
             server: SidecarServer | WorkerPool = (
                 SidecarServer(Sidecar.from_settings(settings))
-                if settings.workers == 1
+                if settings.listen.workers == 1
                 else WorkerPool(settings)
             )
             try:

@@ -60,52 +60,53 @@ log = logging.getLogger(__name__)
 
 def build_identity(settings: Settings) -> IdentityProvider:
     """The identity provider for the configured mode."""
-    if settings.identity is IdentityMode.TRUSTED_HEADERS:
+    if settings.identity.mode is IdentityMode.TRUSTED_HEADERS:
         log.warning(
             "identity mode 'trusted-headers' believes x-gate-tenant and x-gate-principals "
             "as sent by the client: for development only, never in production"
         )
         return TrustedHeaders()
-    if settings.identity is IdentityMode.MESH_MTLS:
-        return MeshMtls(WorkloadMap.parse(settings.workloads))
+    if settings.identity.mode is IdentityMode.MESH_MTLS:
+        return MeshMtls(WorkloadMap.parse(settings.identity.workloads))
     mapping = ClaimMapping(
-        tenant_claim=settings.tenant_claim,
-        principal_claims=settings.principal_claims,
-        drafts_scope=settings.drafts_scope,
+        tenant_claim=settings.identity.tenant_claim,
+        principal_claims=settings.identity.principal_claims,
+        drafts_scope=settings.identity.drafts_scope,
     )
-    assert settings.issuer is not None and settings.audience is not None  # load_settings
-    if settings.identity is IdentityMode.ENVOY_JWT:
+    identity = settings.identity
+    assert identity.issuer is not None and identity.audience is not None  # load_settings
+    if identity.mode is IdentityMode.ENVOY_JWT:
         return EnvoyJwtPayload(
             mapping,
-            issuer=settings.issuer,
-            audience=settings.audience,
-            payload_key=settings.jwt_payload_key,
-            locations=settings.jwt_credentials,
-            leeway_seconds=settings.jwt_leeway_seconds,
+            issuer=identity.issuer,
+            audience=identity.audience,
+            payload_key=identity.jwt_payload_key,
+            locations=identity.jwt_credentials,
+            leeway_seconds=identity.jwt_leeway_seconds,
         )
-    if settings.identity is IdentityMode.JWT:
+    if identity.mode is IdentityMode.JWT:
         keys = key_source(
-            jwks=settings.jwks,
-            public_key=settings.jwt_public_key,
-            hmac_secret_file=settings.jwt_hmac_secret_file,
+            jwks=identity.jwks,
+            public_key=identity.jwt_public_key,
+            hmac_secret_file=identity.jwt_hmac_secret_file,
         )
         verifier = JwtVerifier(
             keys,
-            issuer=settings.issuer,
-            audience=settings.audience,
-            leeway_seconds=settings.jwt_leeway_seconds,
+            issuer=identity.issuer,
+            audience=identity.audience,
+            leeway_seconds=identity.jwt_leeway_seconds,
         )
-        return JwtBearer(verifier, mapping, settings.jwt_credentials)
-    raise ConfigError(f"unsupported identity mode {settings.identity!r}")
+        return JwtBearer(verifier, mapping, identity.jwt_credentials)
+    raise ConfigError(f"unsupported identity mode {identity.mode!r}")
 
 
 def build_audit(settings: Settings, metrics: GateMetrics) -> AuditSink:
     """The audit sink: nothing, a JSON Lines file, or that file as a spool shipped to PostgreSQL."""
-    if settings.audit_log is None:
+    if settings.audit.log is None:
         log.warning("no audit log configured (--audit-log): decisions are not recorded")
         return NullAuditSink()
-    if settings.audit_store is None:
-        return JsonlAuditSink(settings.audit_log)
+    if settings.audit.store is None:
+        return JsonlAuditSink(settings.audit.log)
 
     def report(backlog: int) -> None:
         # Set, not set_function: with several workers only set values reach
@@ -114,9 +115,9 @@ def build_audit(settings: Settings, metrics: GateMetrics) -> AuditSink:
         metrics.audit_shipping_failed.set(0 if sink.failure is None else 1)
 
     sink = PostgresAuditSink(
-        settings.audit_log,
-        settings.audit_store,
-        chain_id=settings.audit_chain_id,
+        settings.audit.log,
+        settings.audit.store,
+        chain_id=settings.audit.chain_id,
         on_backlog=report,
     )
     report(sink.backlog)
@@ -126,49 +127,46 @@ def build_audit(settings: Settings, metrics: GateMetrics) -> AuditSink:
 
 def load_policy_data(settings: Settings) -> dict[str, Any] | None:
     """The --policy-data JSON document, or None."""
-    if settings.policy_data is None:
+    if settings.policy.data is None:
         return None
     try:
-        document = orjson.loads(settings.policy_data.read_bytes())
+        document = orjson.loads(settings.policy.data.read_bytes())
     except (OSError, orjson.JSONDecodeError) as exc:
-        raise ConfigError(f"policy data {settings.policy_data}: {exc}") from exc
+        raise ConfigError(f"policy data {settings.policy.data}: {exc}") from exc
     if not isinstance(document, dict):
-        raise ConfigError(f"policy data {settings.policy_data}: must be a JSON object")
+        raise ConfigError(f"policy data {settings.policy.data}: must be a JSON object")
     return document
 
 
 def build_policies(settings: Settings) -> tuple[PolicyEngine, RequestPolicyEngine, str]:
     """The chunk policy engine, the request policy and where they come from (for the log).
 
-    regorus: the Rego files of ``policy_dir`` (and ``policy_data``) in process,
-    or the current revision of ``policy_bundle`` (not reloaded: a serving
+    regorus: the Rego files of ``policy.dir`` (and ``policy.data``) in process,
+    or the current revision of ``policy.bundle`` (not reloaded: a serving
     sidecar builds its PolicySource with :func:`load_bundle_policy`).
-    opa: both policies asked of the OPA server at ``opa_url``, which holds the
+    opa: both policies asked of the OPA server at ``policy.opa_url``, which holds the
     policy and its data; an OPA that does not answer at start-up is logged and
     the sidecar starts anyway, failing closed until it does.
     """
-    if settings.policy_bundle is not None:
+    if settings.policy.bundle is not None:
         # Outside a serving sidecar (explain): the bundle's current revision, not polled.
         bundle = load_bundle_policy(settings, GateMetrics())
         return bundle.policy, bundle.policy.request_policy, bundle_display(settings)
-    if settings.policy_bundle_public_key is not None:
-        raise ConfigError("setting 'policy_bundle_public_key' needs 'policy_bundle'")
-    if settings.policy_engine is PolicyEngineName.REGORUS:
+    if settings.policy.engine is PolicyEngineName.REGORUS:
         data = load_policy_data(settings)
-        policy = RegorusEngine.from_directory(settings.policy_dir, data=data)
-        request_policy = RequestPolicy.from_directory(settings.policy_dir, data=data)
-        return policy, request_policy, str(settings.policy_dir)
-    if settings.opa_url is None:
-        raise ConfigError("policy_engine 'opa' needs --opa-url")
+        policy = RegorusEngine.from_directory(settings.policy.dir, data=data)
+        request_policy = RequestPolicy.from_directory(settings.policy.dir, data=data)
+        return policy, request_policy, str(settings.policy.dir)
+    assert settings.policy.opa_url is not None  # load_settings
     try:
         token = None
-        if settings.opa_token_file is not None:
-            token = read_token_file(settings.opa_token_file)
+        if settings.policy.opa_token_file is not None:
+            token = read_token_file(settings.policy.opa_token_file)
         server = OpaServer(
-            settings.opa_url,
+            settings.policy.opa_url,
             token=token,
-            timeout_seconds=settings.opa_timeout_ms / 1000,
-            ca_file=settings.opa_ca_file,
+            timeout_seconds=settings.policy.opa_timeout_ms / 1000,
+            ca_file=settings.policy.opa_ca_file,
         )
     except ValueError as exc:
         raise ConfigError(f"policy_engine 'opa': {exc}") from exc
@@ -196,27 +194,27 @@ class Sidecar:
     tracing: TracerProvider | None = None  # this process's spans (OTEL_* variables); None: off
     # The Gate service's admission (its own route); None: not served.
     gate_admission: RequestAdmission | None = None
-    policy_source: PolicySource | None = None  # polls policy_bundle; None: no bundle
+    policy_source: PolicySource | None = None  # polls policy.bundle; None: no bundle
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Sidecar:
         tracing = start_tracing()
         tracer = None if tracing is None else gate_tracer(tracing)
-        metrics = GateMetrics(collections=settings.metric_collections)
-        inner = open_store(settings.store)
+        metrics = GateMetrics(collections=settings.telemetry.metric_collections)
+        inner = open_store(settings.store.url)
         store = CachedStore(
             inner,
-            ttl=settings.cache_ttl_seconds,
-            maxsize=settings.cache_size,
-            negative_ttl=settings.negative_cache_ttl_seconds,
-            negative_maxsize=settings.negative_cache_size,
-            stale_if_error_seconds=settings.stale_if_error_seconds,
+            ttl=settings.cache.ttl_seconds,
+            maxsize=settings.cache.size,
+            negative_ttl=settings.cache.negative_ttl_seconds,
+            negative_maxsize=settings.cache.negative_size,
+            stale_if_error_seconds=settings.cache.stale_if_error_seconds,
             observer=metrics if tracer is None else TracedCacheObserver(metrics),
         )
         bundle: PolicySource | None = None
         policy: PolicyEngine
         request_policy: RequestPolicyEngine
-        if settings.policy_bundle is not None:
+        if settings.policy.bundle is not None:
             bundle = load_bundle_policy(settings, metrics)
             policy, request_policy = bundle.policy, bundle.policy.request_policy
             policy_source = bundle_display(settings)
@@ -228,8 +226,8 @@ class Sidecar:
             metrics.preset_bundle_refusals(REFUSAL_REASONS)
         core = DecisionCore(
             policy,
-            ReasonOrder(settings.custom_reasons),
-            verdict_cache_size=settings.verdict_cache_size,
+            ReasonOrder(settings.policy.custom_reasons),
+            verdict_cache_size=settings.cache.verdict_size,
         )
         formats = format_table(settings)
         metrics.preset(fmt.name for fmt in formats.formats)
@@ -242,7 +240,7 @@ class Sidecar:
             audit=audit,
             metrics=metrics,
             policies=policies,
-            max_hits=settings.max_hits,
+            max_hits=settings.filter.max_hits,
             tracer=tracer,
         )
         log.info("policy %s loaded from %s", policy.version, policy_source)
@@ -253,12 +251,12 @@ class Sidecar:
             route_kind=formats.route_kind,
             collections=formats.collections,
             answers=(
-                RequestAnswers(settings.request_cache_size) if settings.request_cache_size else None
+                RequestAnswers(settings.cache.request_size) if settings.cache.request_size else None
             ),
             count_refusal=metrics.count_request_refusal,
         )
         request_path = RequestPath(
-            admission, formats, policies, metrics, overfetch_cap=settings.overfetch_cap
+            admission, formats, policies, metrics, overfetch_cap=settings.filter.overfetch_cap
         )
         listener = change_listener(inner, store)
         return cls(
@@ -297,7 +295,7 @@ class SidecarServer:
 
     def __init__(self, sidecar: Sidecar) -> None:
         self.sidecar = sidecar
-        limit = sidecar.settings.grpc_max_message_bytes
+        limit = sidecar.settings.listen.grpc_max_message_bytes
         options: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
@@ -310,7 +308,7 @@ class SidecarServer:
             ExternalProcessorServicer(
                 sidecar.request_path,
                 sidecar.response_filter,
-                max_body_bytes=sidecar.settings.max_body_bytes,
+                max_body_bytes=sidecar.settings.listen.max_body_bytes,
             ),
             self._grpc,
         )
@@ -338,7 +336,7 @@ class SidecarServer:
             # the cache starts empty, so a late start only costs store lookups.
             if not await listener.wait_listening(5.0):
                 log.warning("change listener not connected yet; cache TTL bounds staleness")
-        address = settings.grpc_listen
+        address = settings.listen.grpc
         try:
             port = self._grpc.add_insecure_port(address)
         except RuntimeError as exc:  # grpc's way of saying the address is taken
@@ -350,12 +348,12 @@ class SidecarServer:
             self.sidecar.policy_source.start()
         await self._health.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
         log.info("gRPC (ext_authz, ext_proc, Gate, health) listening on %s", address)
-        if settings.metrics:
-            host, port = parse_host_port(settings.metrics)
+        if settings.telemetry.metrics:
+            host, port = parse_host_port(settings.telemetry.metrics)
             self._metrics_server, _ = start_http_server(
                 port, addr=host, registry=self.sidecar.metrics.registry
             )
-            log.info("metrics on http://%s/metrics", settings.metrics)
+            log.info("metrics on http://%s/metrics", settings.telemetry.metrics)
 
     async def stop(self, grace: float = 2.0) -> None:
         await self._health.enter_graceful_shutdown()

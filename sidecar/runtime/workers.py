@@ -69,19 +69,21 @@ def worker_audit_log(audit_log: Path, index: int, workers: int) -> Path:
 
 def worker_settings(settings: Settings, index: int) -> Settings:
     """The settings worker ``index`` runs with: its own address and audit chain, no /metrics."""
-    workers = settings.workers
-    chain_id = settings.audit_chain_id
+    workers = settings.listen.workers
+    audit = settings.audit
     return replace(
         settings,
-        workers=1,
-        grpc_listen=worker_addresses(settings.grpc_listen, workers)[index],
-        audit_log=(
-            None
-            if settings.audit_log is None
-            else worker_audit_log(settings.audit_log, index, workers)
+        listen=replace(
+            settings.listen,
+            workers=1,
+            grpc=worker_addresses(settings.listen.grpc, workers)[index],
         ),
-        audit_chain_id=None if chain_id is None else f"{chain_id}.{index}",
-        metrics=None,
+        audit=replace(
+            audit,
+            log=None if audit.log is None else worker_audit_log(audit.log, index, workers),
+            chain_id=None if audit.chain_id is None else f"{audit.chain_id}.{index}",
+        ),
+        telemetry=replace(settings.telemetry, metrics=None),
     )
 
 
@@ -102,7 +104,7 @@ def _run_worker(settings: Settings, parent: int) -> None:
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(message)s"
     )
-    event_loop.run(serve_until_signalled(settings), settings.event_loop)
+    event_loop.run(serve_until_signalled(settings), settings.listen.event_loop)
 
 
 def _accepts(address: str) -> bool:
@@ -125,7 +127,7 @@ class WorkerPool:
     """N sidecar worker processes and the aggregated /metrics endpoint."""
 
     def __init__(self, settings: Settings) -> None:
-        if settings.workers < 2:
+        if settings.listen.workers < 2:
             raise ValueError("a worker pool needs workers >= 2")
         self.settings = settings
         self._processes: list[BaseProcess] = []
@@ -143,7 +145,7 @@ class WorkerPool:
         # Workers read it when they import prometheus_client; spawn passes the environment.
         os.environ[MULTIPROC_ENV] = self._metrics_dir.name
         context = multiprocessing.get_context("spawn")
-        for index in range(self.settings.workers):
+        for index in range(self.settings.listen.workers):
             process: BaseProcess = context.Process(
                 target=_run_worker,
                 args=(worker_settings(self.settings, index), os.getpid()),
@@ -151,7 +153,7 @@ class WorkerPool:
             )
             process.start()
             self._processes.append(process)
-        addresses = worker_addresses(self.settings.grpc_listen, self.settings.workers)
+        addresses = worker_addresses(self.settings.listen.grpc, self.settings.listen.workers)
         deadline = time.monotonic() + _START_SECONDS
         for process, address in zip(self._processes, addresses, strict=True):
             while not await asyncio.to_thread(_accepts, address):
@@ -161,12 +163,12 @@ class WorkerPool:
                     raise TimeoutError(f"worker {process.name} did not listen on {address}")
                 await asyncio.sleep(0.05)
         log.info("%d workers listening on %s", len(addresses), ", ".join(addresses))
-        if self.settings.metrics:
+        if self.settings.telemetry.metrics:
             registry = CollectorRegistry()
             MultiProcessCollector(registry, path=self._metrics_dir.name)  # type: ignore[no-untyped-call]
-            host, port = parse_host_port(self.settings.metrics)
+            host, port = parse_host_port(self.settings.telemetry.metrics)
             self._metrics_server, _ = start_http_server(port, addr=host, registry=registry)
-            log.info("metrics (all workers) on http://%s/metrics", self.settings.metrics)
+            log.info("metrics (all workers) on http://%s/metrics", self.settings.telemetry.metrics)
 
     @property
     def pids(self) -> list[int]:
