@@ -1,6 +1,6 @@
 """Benchmark: adversarial identity and tenancy cases (issue 16, item 2) against the real gate.
 
-Not a test: ``tests/test_adversarial_identity.py`` runs the same generator
+Not a test: ``tests/envoy/test_adversarial_identity.py`` runs the same generator
 (``tests/adversarial``) at a reduced count in CI. This runs the full count:
 
 - header and token cases (forged and duplicated identity headers, header
@@ -43,17 +43,17 @@ sys.path.insert(0, str(ROOT))
 
 from machine import describe, one_line  # noqa: E402
 
-from tests.adversarial.cases import generate  # noqa: E402
-from tests.adversarial.model import EITHER, Case, HttpCase, RecordCase, StoreCase  # noqa: E402
-from tests.adversarial.runner import (  # noqa: E402
+from tests.fixtures.adversarial.cases import generate  # noqa: E402
+from tests.fixtures.adversarial.model import EITHER, Case, HttpCase, RecordCase, StoreCase  # noqa: E402
+from tests.fixtures.adversarial.runner import (  # noqa: E402
     MODES,
     EnvoyStacks,
     InProcessSidecar,
     run_record_case,
 )
-from tests.adversarial.tokens import Keys  # noqa: E402
-from tests.adversarial.verdicts import Outcome, table  # noqa: E402
-from tests.adversarial.world import GHOSTS, TENANTS, build_world  # noqa: E402
+from tests.fixtures.adversarial.tokens import Keys  # noqa: E402
+from tests.fixtures.adversarial.verdicts import Outcome, table  # noqa: E402
+from tests.fixtures.adversarial.world import GHOSTS, TENANTS, build_world  # noqa: E402
 
 
 def run_all(cases: Sequence[Case], workdir: Path) -> list[Outcome]:

@@ -1,6 +1,6 @@
 """The fault matrix: each fault injected under load through a real Envoy, every answer judged.
 
-Not a unit test (tests/test_fault_matrix.py runs it at a reduced count in CI).
+Not a unit test (tests/envoy/test_fault_matrix.py runs it at a reduced count in CI).
 Per fault, ``--clients`` clients search through Envoy + `retrieval-gate serve`
 (two workers, PostgreSQL store with its change listener, a signed policy
 bundle, JSON Lines audit chains on a tmpfs of their own) in front of a

@@ -1,6 +1,6 @@
 """Fuzz the gate's parsers: response adapters, request rewriters, record and bundle loaders.
 
-Not a test: the kept corpus is replayed in CI by tests/test_fuzz_corpus.py.
+Not a test: the kept corpus is replayed in CI by tests/unit/test_fuzz_corpus.py.
 Coverage-guided with atheris (libFuzzer): each target runs in a process of
 its own, with the project's modules instrumented, from its corpus in
 ``tests/corpus/<target>/``; a structure-aware mutator changes JSON bodies as

@@ -4,7 +4,7 @@ An input is four selector bytes and a body: the adapter configuration and
 route (byte 0), the salt of the admission rule (byte 1, ``fuzz_targets.admits``),
 whether admitted hits get substitutes (byte 2) and the over-fetch limits
 (byte 3). The JSON adapters' configurations, routes and seed bodies are the
-contract cases of ``tests/fixtures/*_bodies.py`` (``tests/test_format_contract.py``);
+contract cases of ``tests/fixtures/*_bodies.py`` (``tests/unit/test_format_contract.py``);
 the gRPC adapters' are below, framed protobuf replies built from the gate's
 own message classes.
 
@@ -54,7 +54,7 @@ from tests.fixtures import (
     qdrant_bodies,
     weaviate_bodies,
 )
-from tests.format_strategies import FormatCase, Hit
+from tests.fixtures.format_strategies import FormatCase, Hit
 
 HEADER: Final = 4
 # Texts shorter than this may occur in a body by chance (a key, another value):

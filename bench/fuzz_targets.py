@@ -8,7 +8,7 @@ and names the outcome, with the per-input time bound that makes a hang.
 
 The targets live in ``fuzz_responses`` (response adapters), ``fuzz_requests``
 (request rewriters) and ``fuzz_loaders`` (record and bundle loaders);
-``bench/fuzz.py`` fuzzes them and ``tests/test_fuzz_corpus.py`` replays the
+``bench/fuzz.py`` fuzzes them and ``tests/unit/test_fuzz_corpus.py`` replays the
 kept corpus (``tests/corpus/<target>/``) through the same ``judge``.
 """
 

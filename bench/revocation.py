@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 from sidecar.demo.upstream import CannedResponse  # noqa: E402
 from tests.fixtures import qdrant_bodies as qb  # noqa: E402
+from tests.fixtures.harness import GateStack  # noqa: E402
 from tests.fixtures.postgres import fresh_database  # noqa: E402
 from tests.fixtures.records import record_dict, text_for  # noqa: E402
-from tests.harness import GateStack  # noqa: E402
 
 SEARCH = "/collections/docs/points/search"
 

@@ -32,8 +32,8 @@ from tests.fixtures.bundles import (  # noqa: E402
     rsa_pair,
 )
 from tests.fixtures.fake_opa import FakeOpa  # noqa: E402
+from tests.fixtures.harness import GateStack, http  # noqa: E402
 from tests.fixtures.postgres import fresh_database  # noqa: E402
-from tests.harness import GateStack, http  # noqa: E402
 
 UPSTREAM = Path(__file__).resolve().parent / "fault_upstream.py"
 MAX_BODY_BYTES = 256 * 1024

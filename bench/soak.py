@@ -1,6 +1,6 @@
 """The soak: half of the measured saturation for 30 minutes, with revocations, every answer judged.
 
-Not a unit test (tests/test_soak.py runs it for a minute in CI). The rig is
+Not a unit test (tests/envoy/test_soak.py runs it for a minute in CI). The rig is
 the fault matrix's (bench/rig.py: Envoy, two workers, PostgreSQL store with
 its change listener, a signed bundle, audit chains), with the cache TTL the
 gate ships with. First the saturation is measured (``--clients`` clients, no

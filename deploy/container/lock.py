@@ -25,7 +25,7 @@ PROJECT = "retrieval-gate"
 HEADER = """\
 # Exact versions installed in the container image (Dockerfile), one per line.
 # Generated from the project's .venv by deploy/container/lock.py; do not edit by
-# hand. tests/test_container.py checks it against pyproject.toml.
+# hand. tests/unit/test_container.py checks it against pyproject.toml.
 """
 
 

@@ -1,7 +1,7 @@
 """The Retrieval Gate Grafana dashboard, as code (grafana-foundation-sdk builders).
 
 Run ``python deploy/grafana/dashboard.py > deploy/grafana/retrieval-gate.json``
-to regenerate the committed JSON; tests/test_grafana.py fails when the two
+to regenerate the committed JSON; tests/envoy/test_grafana.py fails when the two
 differ, and runs every panel query against a real Prometheus scraping a gate.
 
 Every query is limited to the gate deployments chosen in the ``job`` variable;

