@@ -18,16 +18,6 @@ from typing import Any, TypeVar
 
 from sidecar.config._schema import ConfigError, Group, Setting, convert, group_settings
 from sidecar.config.checks import cross_field_problems
-from sidecar.config.groups import (
-    AuditSettings,
-    CacheSettings,
-    FilterSettings,
-    IdentitySettings,
-    ListenSettings,
-    PolicySettings,
-    StoreSettings,
-    TelemetrySettings,
-)
 from sidecar.config.settings import GROUPS, SETTINGS, TABLES, RouteOptions, Settings
 
 G = TypeVar("G", bound=Group)
@@ -88,18 +78,9 @@ class _Reading:
     def settings(self) -> Settings:
         routes = self._routes(self.tables.get("routes", {}))
         formats = self._formats(self.tables.get("formats", {}))
-        settings = Settings(
-            listen=self.group(ListenSettings),
-            identity=self.group(IdentitySettings),
-            policy=self.group(PolicySettings),
-            store=self.group(StoreSettings),
-            cache=self.group(CacheSettings),
-            audit=self.group(AuditSettings),
-            telemetry=self.group(TelemetrySettings),
-            filter=self.group(FilterSettings),
-            routes=routes,
-            formats=formats,
-        )
+        # Each group's field on Settings is named by the group, as its table is.
+        groups: dict[str, Any] = {name: self.group(cls) for name, cls in GROUPS.items()}
+        settings = Settings(**groups, routes=routes, formats=formats)
         self.problems.extend(cross_field_problems(settings, self.refused))
         if self.problems:
             raise ConfigError(*self.problems)
