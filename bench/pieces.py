@@ -42,12 +42,12 @@ from load import run_wrk
 # a piece's functions decides the sample's piece. The gate's steps, in request order.
 PIECES: tuple[tuple[str, frozenset[str]], ...] = (
     ("request policy (Rego)", frozenset({"RequestPolicy.evaluate", "CompiledPolicy.evaluate"})),
-    ("admission: identity, request checks", frozenset({"RequestAccess.admit"})),
+    ("admission: identity, request checks", frozenset({"RequestAdmission.admit"})),
     (
         "request headers: routing, answer",
-        frozenset({"ExternalProcessorServicer._on_request_headers"}),
+        frozenset({"ExternalProcessorServicer._open", "RequestPath.plan"}),
     ),
-    ("request body: tenant push-down", frozenset({"ExternalProcessorServicer._on_request_body"})),
+    ("request body: tenant push-down", frozenset({"FilteringProcessor.request_body"})),
     ("response: parse body", frozenset({"ResponseAdapter.parse"})),
     ("response: store lookup (cache)", frozenset({"Decider._lookup"})),
     ("response: chunk policy and verdict cache", frozenset({"DecisionCore._policy_reasons"})),
@@ -57,9 +57,9 @@ PIECES: tuple[tuple[str, frozenset[str]], ...] = (
     ("metrics", frozenset({"Recorder._count"})),
     (
         "response: spans, facts, headers",
-        frozenset({"ResponseFilter.filter", "ExternalProcessorServicer._on_response_body"}),
+        frozenset({"ResponseFilter.filter", "FilteringProcessor.response_body"}),
     ),
-    ("response headers", frozenset({"ExternalProcessorServicer._on_response_headers"})),
+    ("response headers", frozenset({"FilteringProcessor.response_headers"})),
     (
         "stream: messages in and out (Python)",
         frozenset({"ExternalProcessorServicer.Process", "FloorServicer.Process"}),
