@@ -473,7 +473,9 @@ class ResponseFilter:
         with self._span(facts, route, trace_headers) as span:
             if len(candidates) > self._max_hits:
                 refused = _answered(span, self._unreadable(facts, refusals.UPSTREAM_TOO_MANY_HITS))
-                return CandidatesAnswer(facts.decision_id, refused.refusal)
+                # Audit mode records the refusal and answers as if nothing happened.
+                audit_pass = refused.body is None
+                return CandidatesAnswer(facts.decision_id, None if audit_pass else refused.refusal)
             decided = await self._decider.decide(caller, candidates, substitute=False)
             if decided.verdict.policy_failed:
                 self._recorder.policy_failed()

@@ -58,11 +58,14 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[ext_proc.ProcessingResponse]:
         processor: Processor | None = None
+        grpc_call = False  # a gRPC client reads a refusal from grpc-status, never from a body
         async for request in request_iterator:
             kind = request.WhichOneof("request") or ""
             try:
                 if kind == "request_headers":
-                    processor, answer = await self._open(request)
+                    headers = header_dict(request.request_headers.headers)
+                    grpc_call = grpc_body.is_grpc(headers)
+                    processor, answer = await self._open(request, headers, grpc_call)
                 elif processor is None and not _local_reply(request):
                     # Admission happens on the request headers: an upstream answer on a
                     # stream without them (request_header_mode SKIP) was never admitted.
@@ -76,19 +79,18 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             except Exception:
                 # Never let a bug turn into "continue": answer with an error instead.
                 log.exception("ext_proc message handling failed")
-                grpc_call = processor is not None and processor.grpc
                 yield refusal_answer(refusals.GATE_INTERNAL_ERROR, grpc=grpc_call)
                 return
             yield answer
             if processor is None or processor.ends_after(kind, answer):
                 return
 
-    async def _open(self, request: ext_proc.ProcessingRequest) -> tuple[Processor | None, _Answer]:
+    async def _open(
+        self, request: ext_proc.ProcessingRequest, headers: dict[str, str], grpc_call: bool
+    ) -> tuple[Processor | None, _Answer]:
         """Plan the exchange at its request headers: the stream's processor and the answer."""
         message = request.request_headers
-        headers = header_dict(message.headers)
         path, _, query_string = headers.get(":path", "/").partition("?")
-        grpc_call = grpc_body.is_grpc(headers)
         plan = await self._path.plan(
             AuthRequest(headers.get(":method", "GET"), path, headers, *_filter_context(request)),
             query_string=query_string,

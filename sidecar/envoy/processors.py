@@ -144,6 +144,10 @@ class FilteringProcessor(RequestBodyReader):
         self._upstream_error: int | None = None  # set for a non-2xx answer to be replaced
 
     async def request_body(self, message: ext_proc.HttpBody) -> _Answer:
+        if not self._filtered.reads_body:
+            # The plan asked Envoy for no request body; one an operator's Envoy sends
+            # anyway carries no query the gate rewrites.
+            return _BODY_UNCHANGED
         read = await self._read(message)
         if isinstance(read, Refused):
             return refusal_answer(read.refusal, grpc=self.grpc)

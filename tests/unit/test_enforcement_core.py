@@ -480,3 +480,19 @@ def test_a_large_body_is_decided_in_slices_that_let_other_responses_through(
     whole = core.gate.decide(ALICE, large, lookup.records, lookup.unavailable, core.now)
     assert decided.verdict.decisions == whole.decisions
     assert decided.kept == whole.admitted_positions
+
+
+@pytest.mark.parametrize(("mode", "refused"), [(Mode.ENFORCE, True), (Mode.AUDIT, False)])
+def test_too_many_candidates_sent_without_a_body_are_refused_except_in_audit_mode(
+    core: Core, mode: Mode, refused: bool
+) -> None:
+    core.filter = core.response_filter(settings_of(mode=mode).route_policy, max_hits=2)
+    candidates = [Candidate(i, cid, text_for(cid)) for i, cid in enumerate(("1", "2", "3"))]
+    answer = asyncio.run(
+        core.filter.decide_candidates(
+            SEARCH, ALICE, "req-1", candidates, format_name="gate", collection=None
+        )
+    )
+    # Audit mode changes nothing the caller gets: no decisions, no refusal.
+    assert (answer.refusal is not None, answer.decisions) == (refused, ())
+    assert core.last_audit()["error"] == "upstream_too_many_hits"

@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 import orjson
+import pytest
 from qdrant_client import grpc as qdrant
 
 from sidecar.config import IdentityMode
@@ -251,3 +252,16 @@ def test_a_grpc_stream_stays_open_for_its_trailers_and_ends_after_them(sidecar: 
     )
     answers, status = run_open_stream(sidecar, [*before_trailers, trailers])
     assert (len(answers), status) == (4, grpc.StatusCode.OK)
+
+
+def test_a_failure_while_planning_a_grpc_call_is_a_grpc_status(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def bug(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(sidecar.request_path, "plan", bug)
+    (answer,) = run_stream(sidecar, [request_headers(QUERY, content_type=GRPC)])
+    refusal = answer.immediate_response
+    assert refusal.grpc_status.status == PERMISSION_DENIED  # never one pymilvus retries
+    assert orjson.loads(refusal.body) == {"error": "gate_internal_error"}

@@ -642,3 +642,14 @@ def test_requests_refused_before_the_database_are_counted_by_status(sidecar: Sid
     # A search that reaches the database is no refusal.
     run_stream(sidecar, [client_headers(SEARCH), request_body(b'{"vector":[0.1],"limit":3}')])
     assert refusals_counted(sidecar, "400") == after["400"]
+
+
+def test_a_request_body_the_plan_did_not_ask_for_passes_unread(sidecar: Sidecar) -> None:
+    # Collection info is filtered, but carries no query: the plan reads no request body.
+    info = "/collections/docs"
+    body_in_parts = ext_proc.ProcessingRequest(
+        request_body=ext_proc.HttpBody(body=b'{"partial": ', end_of_stream=False)
+    )
+    answers = run_stream(sidecar, [request_headers(info, method="GET"), body_in_parts])
+    assert not answers[0].HasField("mode_override")  # the filter's own mode: no body asked
+    assert answers[1] == ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse())
