@@ -468,7 +468,7 @@ def revocation() -> list[timeseries.Panel]:
             "Chunk ids invalidated by store change notifications (PostgreSQL LISTEN) and "
             "upserts, and whole-cache flushes (the listener reconnected). Flat zero with "
             "a PostgreSQL store while documents change: notifications are not arriving, "
-            "so revocations wait for cache_ttl_seconds.",
+            "so revocations wait for cache.ttl_seconds.",
             "ops",
             [
                 (total("retrieval_gate_cache_invalidations_total"), "ids invalidated"),
