@@ -146,6 +146,11 @@ def identity_refusal(code: str, *, outage: bool) -> Refusal:
     return (JWKS_UNAVAILABLE if outage else IDENTITY_MISSING).with_code(code)
 
 
+def code_of(refusal: Refusal | None) -> str | None:
+    """``refusal``'s code, for spans, logs and audit records; None for no refusal."""
+    return None if refusal is None else refusal.code
+
+
 def error_body(code: str, *, decision_id: str | None = None, reasons: Sequence[str] = ()) -> bytes:
     """``{"error": code}``, with the decision id and the request policy's reasons when given."""
     document: dict[str, object] = {"error": code}

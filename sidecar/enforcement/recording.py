@@ -22,7 +22,7 @@ from sidecar.core.reasons import Reason
 from sidecar.enforcement.deciding import Decided
 from sidecar.enforcement.releasing import Released
 from sidecar.metrics import ADMITTED_REASON, UPSTREAM_ERROR_OUTCOME, GateMetrics
-from sidecar.refusals import Refusal
+from sidecar.refusals import code_of
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ def _release(
         for p in released.positions
     ]
     if not replacements:
-        return Release(ids, tenant_filter, overfetched, refusal=_code(released.refusal))
+        return Release(ids, tenant_filter, overfetched, refusal=code_of(released.refusal))
     kept = decided.kept
     decisions = decided.verdict.decisions
     return Release(
@@ -236,9 +236,5 @@ def _release(
             for d in decisions
             if d.position in replacements
         ],
-        refusal=_code(released.refusal),
+        refusal=code_of(released.refusal),
     )
-
-
-def _code(refusal: Refusal | None) -> str | None:
-    return None if refusal is None else refusal.code

@@ -39,7 +39,7 @@ from sidecar.enforcement.releasing import release
 from sidecar.formats.base import MalformedBody, RequestRewrite, ResponseFormat
 from sidecar.formats.registry import FormatTable
 from sidecar.metrics import GateMetrics
-from sidecar.refusals import Refusal
+from sidecar.refusals import Refusal, code_of
 from sidecar.store.cache import CachedStore
 from sidecar.tracing import DecisionSpan, Tracing
 
@@ -71,10 +71,6 @@ def _heavy_body(body: bytes) -> bool:
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-
-
-def _code(refusal: Refusal | None) -> str | None:
-    return None if refusal is None else refusal.code
 
 
 def _answered(span: DecisionSpan, result: FilterResult) -> FilterResult:
@@ -121,7 +117,7 @@ class FilterResult:
     @property
     def code(self) -> str | None:
         """The refusal's code, for spans and logs; None when nothing went wrong."""
-        return _code(self.refusal)
+        return code_of(self.refusal)
 
 
 # The upstream response headers a client of a filtered route gets (outside
@@ -408,7 +404,7 @@ class ResponseFilter:
             and refusal.http_status == 403
             and refusal != refusals.REJECTED_CHUNKS
         ):
-            log.info("%s response on %s blocked: %s", fmt.name, route.path, _code(refusal))
+            log.info("%s response on %s blocked: %s", fmt.name, route.path, code_of(refusal))
 
         tenant_filter = rewrite is not None and rewrite.tenant_filter
         span.decided(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Generic, TypeVar
 
 from sidecar import refusals
 from sidecar.enforcement.response_filter import FilterResult, ResponseFilter
@@ -81,15 +82,17 @@ class Processor:
         return kind == "response_body"
 
 
-class RequestBodyReader(Processor):
+PlanT = TypeVar("PlanT", ReadCollections, Filter)
+
+
+class RequestBodyReader(Processor, Generic[PlanT]):
     """Reads a request body for the request path; the base for both that do."""
 
-    def __init__(
-        self, path: RequestPath, plan: ReadCollections | Filter, encoding: str, max_body_bytes: int
-    ) -> None:
+    def __init__(self, path: RequestPath, plan: PlanT, encoding: str, max_body_bytes: int) -> None:
         """``encoding``: how a gRPC request's compressed frames are compressed;
         ``max_body_bytes`` bounds a compressed body once decoded (Envoy bounds it as sent)."""
-        self._path, self._plan, self._encoding = path, plan, encoding
+        self._path, self._encoding = path, encoding
+        self._plan: PlanT = plan
         self._max_body_bytes = max_body_bytes
 
     async def _read(self, message: ext_proc.HttpBody) -> Refused | RequestRewrite | None:
@@ -105,7 +108,7 @@ class RequestBodyReader(Processor):
         return await self._path.read_body(self._plan, body)
 
 
-class CollectionsReader(RequestBodyReader):
+class CollectionsReader(RequestBodyReader[ReadCollections]):
     """A gRPC call the gate does not filter: its body is read for the collections it names."""
 
     grpc = True
@@ -120,7 +123,7 @@ class CollectionsReader(RequestBodyReader):
         return kind == "request_body" or super().ends_after(kind, answer)
 
 
-class FilteringProcessor(RequestBodyReader):
+class FilteringProcessor(RequestBodyReader[Filter]):
     """A filtered route: the request body rewritten, the response decided and released."""
 
     def __init__(
@@ -134,7 +137,7 @@ class FilteringProcessor(RequestBodyReader):
         max_body_bytes: int,
     ) -> None:
         super().__init__(path, plan, headers.get("grpc-encoding", ""), max_body_bytes)
-        self._filter, self._filtered = response_filter, plan
+        self._filter = response_filter
         self.grpc = grpc
         self._request_id = headers.get("x-request-id", "")
         self._trace_headers = trace_context(headers)
@@ -144,7 +147,7 @@ class FilteringProcessor(RequestBodyReader):
         self._upstream_error: int | None = None  # set for a non-2xx answer to be replaced
 
     async def request_body(self, message: ext_proc.HttpBody) -> _Answer:
-        if not self._filtered.reads_body:
+        if not self._plan.reads_body:
             # The plan asked Envoy for no request body; one an operator's Envoy sends
             # anyway carries no query the gate rewrites.
             return _BODY_UNCHANGED
@@ -159,7 +162,7 @@ class FilteringProcessor(RequestBodyReader):
 
     async def response_headers(self, message: ext_proc.HttpHeaders) -> _Answer:
         headers = header_dict(message.headers)
-        plan, has_body = self._filtered, not message.end_of_stream
+        plan, has_body = self._plan, not message.end_of_stream
         status = headers.get(":status", "")
         # A trailers-only gRPC error: HTTP 200 with its grpc-status in the headers.
         grpc_error = headers.get("grpc-status", "0") if self.grpc else "0"
@@ -208,7 +211,7 @@ class FilteringProcessor(RequestBodyReader):
             body = message.body  # for the audit record only
         if self._upstream_error is not None:
             return self._upstream_answer(body, passed=_RESPONSE_BODY_UNCHANGED)
-        plan = self._filtered
+        plan = self._plan
         result = await self._filter.filter(
             plan.fmt,
             plan.route,
@@ -229,7 +232,7 @@ class FilteringProcessor(RequestBodyReader):
         )
 
     def response_trailers(self, message: ext_proc.HttpTrailers) -> _Answer:
-        kept = self._filter.kept_trailers(self._filtered.route) if self.grpc else None
+        kept = self._filter.kept_trailers(self._plan.route) if self.grpc else None
         answer = ext_proc.TrailersResponse()
         if kept is not None:
             answer.header_mutation.remove_headers.extend(
@@ -261,7 +264,7 @@ class FilteringProcessor(RequestBodyReader):
         (its retry logic reads it).
         """
         assert self._upstream_error is not None
-        plan = self._filtered
+        plan = self._plan
         result = self._filter.upstream_error(
             plan.fmt,
             plan.route,
@@ -277,7 +280,7 @@ class FilteringProcessor(RequestBodyReader):
 
     def _unreadable(self, why: str, passed: _Answer) -> _Answer:
         """The answer for a body the gate cannot read, or ``passed`` in audit mode."""
-        plan = self._filtered
+        plan = self._plan
         result = self._filter.reject_unreadable(
             plan.fmt, plan.route, plan.caller, self._request_id, why, self._trace_headers
         )

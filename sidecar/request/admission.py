@@ -122,10 +122,14 @@ class RequestAdmission:
             else RequestPolicyCheck(request_policy, route_kind, answers)
         )
 
+    def counted(self, refusal: Refusal) -> Refusal:
+        """``refusal``, counted as a request refused before the database was asked."""
+        self._count_refusal(refusal.http_status)
+        return refusal
+
     def refuse(self, refusal: Refusal) -> RequestRefused:
         """``refusal``, counted, as the exception that refuses the request."""
-        self._count_refusal(refusal.http_status)
-        return RequestRefused(refusal)
+        return RequestRefused(self.counted(refusal))
 
     async def admit(self, request: AuthRequest) -> Admitted:
         """Return the caller and the headers to strip, or raise RequestRefused."""

@@ -132,7 +132,7 @@ class RequestPath:
 
     def refused(self, refusal: Refusal) -> Refused:
         """``refusal`` as a plan, counted as a request refused before the database."""
-        return Refused(self._admission.refuse(refusal).refusal)
+        return Refused(self._admission.counted(refusal))
 
     async def _admitted(self, request: AuthRequest) -> Admitted:
         """The caller an ext_authz filter in front left, or the request admitted here."""
