@@ -159,6 +159,43 @@ def test_sigterm_under_load_answers_every_request_in_flight(tmp_path: Path) -> N
         upstream.stop()
 
 
+def test_the_prestop_drain_waits_for_the_requests_in_flight(tmp_path: Path) -> None:
+    # What the gateway's preStop hook runs, against an Envoy with requests in flight.
+    gate = GateStack(tmp_path, [record_dict("1"), record_dict("2")])
+    body = qb.encode(qb.search_body([qb.point(1, text_for("1")), qb.point(2, text_for("2"))]))
+    gate.upstream.respond(
+        "POST", SEARCH, CannedResponse(body, delay_seconds=UPSTREAM_DELAY_SECONDS)
+    )
+    try:
+        gate.start()
+        assert gate.envoy_admin is not None
+        host, admin_port = gate.envoy_admin
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(gate.search, SEARCH) for _ in range(4)]
+            deadline = time.monotonic() + 5
+            while len(gate.upstream.requests) < 4 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            started = time.monotonic()
+            hook = run_cli_module(
+                "sidecar.runtime.envoy_drain", f"--admin={host}:{admin_port}", "--max-seconds=10"
+            )
+            took = time.monotonic() - started
+            answers = [future.result() for future in futures]
+        assert hook.returncode == 0, hook.stdout + hook.stderr
+        assert took < 5  # returned once they were answered, not after --max-seconds
+        assert [search_ids(answer) for answer in answers] == [[1, 2]] * 4
+        # Draining: still answering (a load balancer may still send some), telling
+        # every client to close.
+        late = gate.search(SEARCH)
+        assert late.status == 200 and late.headers.get("connection") == "close"
+    finally:
+        gate.stop()
+
+
+def run_cli_module(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CLI[0], "-m", module, *args], capture_output=True, text=True, timeout=60)
+
+
 def test_sigkill_of_proxy_leaves_no_envoy_behind(tmp_path: Path) -> None:
     upstream = _slow_upstream()
     try:
