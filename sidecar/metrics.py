@@ -188,6 +188,14 @@ class GateMetrics:
             # With several workers: the backlogs of the live workers, added up.
             multiprocess_mode="livesum",
         )
+        self.serving = Gauge(
+            "retrieval_gate_serving",
+            "1 while the gate's gRPC health service reports SERVING; 0 while it waits for "
+            "its metadata store at start (every request refused) and once it stops.",
+            registry=r,
+            # With several workers: 1 only while every live worker serves.
+            multiprocess_mode="livemin",
+        )
         self.policy_info = Gauge(
             "retrieval_gate_policy_info",
             "1 for the policy revision decisions are made with (a policy_bundle's revision; "

@@ -115,6 +115,8 @@ METHOD_NOT_ALLOWED = _refusal("method_not_allowed", 405)
 IDENTITY_MISSING = _refusal("identity_missing", 401)
 # The identity provider cannot be reached: an outage, not the caller's fault.
 JWKS_UNAVAILABLE = _refusal("jwks_unavailable", 503)
+# The metadata store has not been reached since the gate started: nothing can be decided.
+METADATA_UNAVAILABLE = _refusal("metadata_unavailable", 503)
 REQUEST_BODY_MALFORMED = _refusal("request_body_malformed", 400)
 # A search the gate cannot restrict to the caller's tenant (formats say the same
 # for what they find in a body: formats.base.NOT_FILTERABLE).

@@ -15,6 +15,7 @@ from sidecar.runtime.addresses import (
     reachable_from_elsewhere,
 )
 from sidecar.runtime.bootstrap import Upstream
+from sidecar.runtime.envoy_process import DEFAULT_DRAIN_SECONDS
 from sidecar.runtime.jwks_relay import run_with_jwks_relay
 from sidecar.runtime.proxy import run_proxy
 from sidecar.runtime.server import serve_until_signalled
@@ -38,6 +39,13 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     proxying.add_argument("--listen", required=True, help="host:port for applications to call")
     proxying.add_argument("--envoy-concurrency", type=int, default=1, help="Envoy worker threads")
+    proxying.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=DEFAULT_DRAIN_SECONDS,
+        help="on SIGTERM, how long Envoy may take to answer the requests in flight before it "
+        "stops (it stops as soon as none is left)",
+    )
     proxying.set_defaults(func=proxy)
 
 
@@ -120,6 +128,7 @@ def proxy(args: argparse.Namespace) -> int:
             grpc_upstream=grpc_upstream,
             envoy_concurrency=args.envoy_concurrency,
             private_socket=args.grpc_listen is None,
+            drain_seconds=args.drain_seconds,
         ),
         settings.listen.event_loop,
     )

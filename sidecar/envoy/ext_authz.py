@@ -13,12 +13,13 @@ client could set them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import grpc
 from google.protobuf import json_format, struct_pb2
 
 from sidecar.identity import AuthRequest
-from sidecar.refusals import Refusal
+from sidecar.refusals import METADATA_UNAVAILABLE, Refusal
 from sidecar.request.admission import RequestAdmission, RequestRefused
 from sidecar.wire import envoy_core_pb2 as core
 from sidecar.wire import envoy_http_status_pb2 as http_status
@@ -62,12 +63,18 @@ def _denied(refusal: Refusal) -> authz.CheckResponse:
 
 
 class AuthorizationServicer(authz_grpc.AuthorizationServicer):
-    def __init__(self, admission: RequestAdmission) -> None:
+    def __init__(
+        self, admission: RequestAdmission, *, ready: Callable[[], bool] | None = None
+    ) -> None:
+        """While ``ready()`` is false every request is denied: 503 ``metadata_unavailable``."""
         self._admission = admission
+        self._ready = ready
 
     async def Check(
         self, request: authz.CheckRequest, context: grpc.aio.ServicerContext
     ) -> authz.CheckResponse:
+        if self._ready is not None and not self._ready():
+            return _denied(METADATA_UNAVAILABLE)
         try:
             admitted = await self._admission.admit(auth_request(request))
         except RequestRefused as exc:

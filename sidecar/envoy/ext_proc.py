@@ -13,7 +13,7 @@ This module only translates: Envoy's messages in, Envoy's answers out.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from google.protobuf import json_format
@@ -45,12 +45,22 @@ _Answer = ext_proc.ProcessingResponse
 
 class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
     def __init__(
-        self, request_path: RequestPath, response_filter: ResponseFilter, *, max_body_bytes: int
+        self,
+        request_path: RequestPath,
+        response_filter: ResponseFilter,
+        *,
+        max_body_bytes: int,
+        ready: Callable[[], bool] | None = None,
     ) -> None:
-        """``max_body_bytes`` bounds a compressed body once decoded (Envoy bounds it as sent)."""
+        """``max_body_bytes`` bounds a compressed body once decoded (Envoy bounds it as sent).
+
+        While ``ready()`` is false (the metadata store not reached since start)
+        every stream is refused at its request headers: 503 ``metadata_unavailable``.
+        """
         self._path = request_path
         self._filter = response_filter
         self._max_body_bytes = max_body_bytes
+        self._ready = ready
 
     async def Process(
         self,
@@ -89,6 +99,8 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
         self, request: ext_proc.ProcessingRequest, headers: dict[str, str], grpc_call: bool
     ) -> tuple[Processor | None, _Answer]:
         """Plan the exchange at its request headers: the stream's processor and the answer."""
+        if self._ready is not None and not self._ready():
+            return None, refusal_answer(refusals.METADATA_UNAVAILABLE, grpc=grpc_call)
         message = request.request_headers
         path, _, query_string = headers.get(":path", "/").partition("?")
         plan = await self._path.plan(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import signal
@@ -11,7 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sidecar.runtime import envoy_drain
 from sidecar.runtime.addresses import HostPort, parse_host_port
+
+log = logging.getLogger(__name__)
 
 
 class EnvoyError(RuntimeError):
@@ -27,8 +31,57 @@ def find_envoy() -> str:
     return found
 
 
-def envoy_command(config: Path, admin_address_file: Path, *, concurrency: int = 1) -> list[str]:
-    """The command line that runs Envoy on ``config``, writing its admin address to a file."""
+DEFAULT_DRAIN_SECONDS = 30.0
+
+# Run in a fresh interpreter between fork and Envoy: ask the kernel to SIGTERM
+# this process when the thread that forked it dies (PR_SET_PDEATHSIG = 1, kept
+# across execv), check the parent did not die before that took effect, then
+# become Envoy (the PID stays the same). A wrapper rather than preexec_fn:
+# Python code between fork and exec in a threaded process (gRPC's threads) can
+# deadlock, and uvloop and asyncio handle preexec_fn differently.
+_TIED_TO_PARENT = (
+    "import ctypes,os,signal,sys\n"
+    "try: ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"
+    "except (OSError, AttributeError): pass\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit(0)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def tied_to_this_process(command: list[str]) -> list[str]:
+    """``command``, run so that the kernel stops it when this process dies, even by
+    SIGKILL (Linux; elsewhere it just runs). The kernel's signal comes when the
+    *thread* that started it ends: start it from a thread that lives as long as it
+    (``proxy`` starts Envoy from the event loop's thread and stops Envoy before
+    that loop ends)."""
+    if not sys.platform.startswith("linux"):
+        return command
+    executable = shutil.which(command[0]) or command[0]
+    return [
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        _TIED_TO_PARENT,
+        str(os.getpid()),
+        executable,
+        *command[1:],
+    ]
+
+
+def envoy_command(
+    config: Path,
+    admin_address_file: Path,
+    *,
+    concurrency: int = 1,
+    drain_seconds: float = DEFAULT_DRAIN_SECONDS,
+) -> list[str]:
+    """The command line that runs Envoy on ``config``, writing its admin address to a file.
+
+    A drain (``/drain_listeners?graceful``, :mod:`sidecar.runtime.envoy_drain`)
+    asks every client to close at once and closes the listeners after
+    ``drain_seconds``.
+    """
     return [
         find_envoy(),
         "-c",
@@ -41,6 +94,10 @@ def envoy_command(config: Path, admin_address_file: Path, *, concurrency: int = 
         "--disable-hot-restart",
         "--admin-address-path",
         str(admin_address_file),
+        "--drain-time-s",
+        str(max(1, round(drain_seconds))),
+        "--drain-strategy",
+        "immediate",
     ]
 
 
@@ -72,10 +129,18 @@ async def _http_status(host: str, port: int, path: str) -> int:
 class EnvoyProcess:
     """One Envoy process with a generated bootstrap, stopped on request."""
 
-    def __init__(self, bootstrap: dict[str, Any], workdir: Path, *, concurrency: int = 1) -> None:
+    def __init__(
+        self,
+        bootstrap: dict[str, Any],
+        workdir: Path,
+        *,
+        concurrency: int = 1,
+        drain_seconds: float = DEFAULT_DRAIN_SECONDS,
+    ) -> None:
         self._bootstrap = bootstrap
         self._workdir = workdir
         self._concurrency = concurrency
+        self._drain_seconds = drain_seconds
         self._process: asyncio.subprocess.Process | None = None
         self.admin: HostPort | None = None
 
@@ -91,8 +156,16 @@ class EnvoyProcess:
         admin_path.unlink(missing_ok=True)
         log_path = self._workdir / "envoy.log"
         with log_path.open("ab") as log_file:
+            command = envoy_command(
+                config,
+                admin_path,
+                concurrency=self._concurrency,
+                drain_seconds=self._drain_seconds,
+            )
+            # Envoy must not outlive this process (a SIGKILLed proxy would leave
+            # it holding the listen port, answering 503 without its sidecar).
             self._process = await asyncio.create_subprocess_exec(
-                *envoy_command(config, admin_path, concurrency=self._concurrency),
+                *tied_to_this_process(command),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=log_file,
@@ -121,6 +194,23 @@ class EnvoyProcess:
         if self._process is None:
             raise EnvoyError("envoy was not started")
         return await self._process.wait()
+
+    async def drain(self) -> int:
+        """Drain (see :mod:`sidecar.runtime.envoy_drain`): return once no request is in
+        flight, or after the drain time with the number still active."""
+        process = self._process
+        if process is None or process.returncode is not None or self.admin is None:
+            return 0
+        try:
+            left = await envoy_drain.drain(*self.admin, max_seconds=self._drain_seconds)
+        except (OSError, TimeoutError) as exc:
+            log.warning("envoy did not drain: %s", exc)
+            return 0
+        if left:
+            log.warning(
+                "envoy still had %d requests in flight after %g s", left, self._drain_seconds
+            )
+        return left
 
     async def stop(self, grace: float = 5.0) -> None:
         """SIGTERM, then SIGKILL after ``grace`` seconds."""

@@ -11,11 +11,11 @@ from pathlib import Path
 from sidecar.config import IdentityMode, Settings
 from sidecar.runtime.addresses import HostPort
 from sidecar.runtime.bootstrap import Upstream, build_bootstrap, downstream_tls
-from sidecar.runtime.envoy_process import EnvoyProcess
+from sidecar.runtime.envoy_process import DEFAULT_DRAIN_SECONDS, EnvoyProcess
 from sidecar.runtime.jwks_relay import serving_jwks_relay
 from sidecar.runtime.jwt_authn import needs_generated_jwks, write_generated_jwks
 from sidecar.runtime.server import Sidecar, SidecarServer
-from sidecar.runtime.signals import StopSignals
+from sidecar.runtime.signals import STOPPED, StopSignals
 from sidecar.runtime.workers import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -29,10 +29,17 @@ async def run_proxy(
     grpc_upstream: Upstream | None = None,
     envoy_concurrency: int = 1,
     private_socket: bool = True,
+    drain_seconds: float = DEFAULT_DRAIN_SECONDS,
     stop: asyncio.Event | None = None,
     ready: asyncio.Event | None = None,
 ) -> int:
     """Run until ``stop`` is set, SIGINT/SIGTERM arrives, or Envoy exits.
+
+    A requested stop drains Envoy first (every client told to close, at most
+    ``drain_seconds`` for the requests in flight to be answered), then stops
+    Envoy, then the sidecar (whose streams have ended with their requests):
+    no request in flight is reset. Envoy is tied to this process: if it is
+    killed, the kernel stops Envoy too.
 
     gRPC calls go to ``grpc_upstream``, by default ``upstream``'s port too.
     ``ready`` is set once Envoy reports LIVE and the sidecar is serving.
@@ -76,7 +83,9 @@ async def run_proxy(
                 ),
                 workdir,
                 concurrency=envoy_concurrency,
+                drain_seconds=drain_seconds,
             )
+            stopped = False
             try:
                 await envoy.start()
                 log.info(
@@ -92,7 +101,14 @@ async def run_proxy(
                 exits = {"envoy": envoy.wait()}
                 if isinstance(server, WorkerPool):
                     exits["a sidecar worker"] = server.wait()
-                return await signals.wait(exits)
+                else:
+                    exits["the metadata store"] = server.failure()
+                code = await signals.wait(exits)
+                stopped = code == STOPPED
+                return code
             finally:
+                if stopped:
+                    log.info("draining envoy (at most %g s)", drain_seconds)
+                    await envoy.drain()
                 await envoy.stop()
                 await server.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,10 +53,21 @@ from sidecar.runtime.signals import StopSignals
 from sidecar.runtime.tracing import TracedCacheObserver, gate_tracer, start_tracing
 from sidecar.store.cache import CachedStore
 from sidecar.store.listener import ChangeListener, change_listener
-from sidecar.store.open import open_store
+from sidecar.store.open import PendingStore, is_outage, open_store
+from sidecar.store.store import MetadataStore, StoreUnavailable
 from sidecar.wire import ext_authz_pb2_grpc, ext_proc_pb2_grpc, gate_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+# On SIGTERM the gRPC server takes no new stream and gives those in flight this
+# long to finish: an ext_proc stream lasts as long as its HTTP request, and the
+# shipped Envoy configurations time a route out after 60 s
+# (docs/kubernetes.md, "Rollouts without resets").
+STOP_GRACE_SECONDS = 60.0
+# A metadata store that cannot be reached at start is tried again after
+# 0.25 s, 0.5 s, ... then every 5 s until it answers.
+STORE_RETRY_FIRST_SECONDS = 0.25
+STORE_RETRY_MAX_SECONDS = 5.0
 
 
 def build_identity(settings: Settings) -> IdentityProvider:
@@ -180,6 +192,35 @@ def build_policies(settings: Settings) -> tuple[PolicyEngine, RequestPolicyEngin
     return engine, OpaRequestPolicy(server), server.display_url
 
 
+def one_line(text: str) -> str:
+    """``text`` with its line breaks and runs of spaces as single spaces (libpq's
+    messages span lines)."""
+    return " ".join(text.split())
+
+
+def open_store_at_start(url: str) -> MetadataStore:
+    """The metadata store at ``url``, or a PendingStore when it cannot be reached now.
+
+    A misconfiguration (a malformed URL, a refused login, an unknown database,
+    a schema at another version) raises, so the process exits 2 at once. An
+    outage (connection refused or timed out, a name that does not resolve yet:
+    e.g. a mesh proxy that is not running yet) does not end the process: the
+    sidecar serves NOT_SERVING, refuses every request, and the server keeps
+    trying (:meth:`SidecarServer.start`).
+    """
+    try:
+        return open_store(url)
+    except StoreUnavailable as exc:
+        if not is_outage(exc):
+            raise ConfigError(one_line(str(exc))) from None
+        log.warning(
+            "metadata store unreachable at start (%s); NOT_SERVING and refusing every request "
+            "until it is reached",
+            one_line(str(exc)),
+        )
+        return PendingStore(url, one_line(str(exc)))
+
+
 @dataclass
 class Sidecar:
     """The assembled parts of one sidecar process."""
@@ -195,13 +236,16 @@ class Sidecar:
     # The Gate service's admission (its own route); None: not served.
     gate_admission: RequestAdmission | None = None
     policy_source: PolicySource | None = None  # polls policy.bundle; None: no bundle
+    # The metadata store when it could not be reached at start: the server
+    # opens it in the background (SidecarServer); None: opened.
+    pending_store: PendingStore | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Sidecar:
         tracing = start_tracing()
         tracer = None if tracing is None else gate_tracer(tracing)
         metrics = GateMetrics(collections=settings.telemetry.metric_collections)
-        inner = open_store(settings.store.url)
+        inner = open_store_at_start(settings.store.url)
         store = CachedStore(
             inner,
             ttl=settings.cache.ttl_seconds,
@@ -258,7 +302,11 @@ class Sidecar:
         request_path = RequestPath(
             admission, formats, policies, metrics, overfetch_cap=settings.filter.overfetch_cap
         )
-        listener = change_listener(inner, store)
+        listener = (
+            ChangeListener(inner.url, store)
+            if isinstance(inner, PendingStore)
+            else change_listener(inner, store)
+        )
         return cls(
             settings,
             metrics,
@@ -270,6 +318,7 @@ class Sidecar:
             tracing,
             gate_admission(identity, request_policy, metrics.count_request_refusal),
             bundle,
+            inner if isinstance(inner, PendingStore) else None,
         )
 
     async def aclose(self) -> None:
@@ -304,16 +353,21 @@ class SidecarServer:
             ("grpc.so_reuseport", 0),
         ]
         self._grpc = grpc.aio.server(options=options)
+        # False until the metadata store is open (at once, unless it was
+        # unreachable at start): every stream is refused meanwhile.
+        self._store_ready = sidecar.pending_store is None
+        self._opening: asyncio.Task[None] | None = None
         ext_proc_pb2_grpc.add_ExternalProcessorServicer_to_server(
             ExternalProcessorServicer(
                 sidecar.request_path,
                 sidecar.response_filter,
                 max_body_bytes=sidecar.settings.listen.max_body_bytes,
+                ready=self.store_ready,
             ),
             self._grpc,
         )
         ext_authz_pb2_grpc.add_AuthorizationServicer_to_server(
-            AuthorizationServicer(sidecar.request_path.admission),
+            AuthorizationServicer(sidecar.request_path.admission, ready=self.store_ready),
             self._grpc,
         )
         if sidecar.gate_admission is not None:
@@ -326,16 +380,22 @@ class SidecarServer:
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         self._metrics_server: Any = None
+        sidecar.metrics.serving.set(0)
+
+    def store_ready(self) -> bool:
+        """True once the metadata store is open."""
+        return self._store_ready
 
     async def start(self) -> None:
+        """Listen, and report SERVING once the metadata store is open.
+
+        A store that was unreachable at start is opened in the background
+        (:meth:`failure` raises if it turns out to be misconfigured); until
+        then the health service reports NOT_SERVING and every stream is refused.
+        """
         settings = self.sidecar.settings
-        listener = self.sidecar.listener
-        if listener is not None:
-            await listener.start()
-            # Serving before the first LISTEN would miss revocations meanwhile;
-            # the cache starts empty, so a late start only costs store lookups.
-            if not await listener.wait_listening(5.0):
-                log.warning("change listener not connected yet; cache TTL bounds staleness")
+        if self._store_ready:
+            await self._start_listener()
         address = settings.listen.grpc
         try:
             port = self._grpc.add_insecure_port(address)
@@ -346,8 +406,17 @@ class SidecarServer:
         await self._grpc.start()
         if self.sidecar.policy_source is not None:
             self.sidecar.policy_source.start()
-        await self._health.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
         log.info("gRPC (ext_authz, ext_proc, Gate, health) listening on %s", address)
+        pending = self.sidecar.pending_store
+        if pending is None:
+            await self._serving()
+        else:
+            await self._health.set(
+                health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.NOT_SERVING
+            )
+            self._opening = asyncio.create_task(
+                self._open_store(pending), name="retrieval-gate-store-opening"
+            )
         if settings.telemetry.metrics:
             host, port = parse_host_port(settings.telemetry.metrics)
             self._metrics_server, _ = start_http_server(
@@ -355,7 +424,61 @@ class SidecarServer:
             )
             log.info("metrics on http://%s/metrics", settings.telemetry.metrics)
 
-    async def stop(self, grace: float = 2.0) -> None:
+    async def _start_listener(self) -> None:
+        listener = self.sidecar.listener
+        if listener is not None:
+            await listener.start()
+            # Serving before the first LISTEN would miss revocations meanwhile;
+            # the cache starts empty, so a late start only costs store lookups.
+            if not await listener.wait_listening(5.0):
+                log.warning("change listener not connected yet; cache TTL bounds staleness")
+
+    async def _serving(self) -> None:
+        await self._health.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
+        self.sidecar.metrics.serving.set(1)
+
+    async def _open_store(self, pending: PendingStore) -> None:
+        """Open the store at ``pending.url`` with exponential backoff, then serve.
+
+        Logs when the reason changes, not at every attempt. A misconfiguration
+        found meanwhile (e.g. the network came up and the login is refused)
+        raises ConfigError: the process ends as it would have at start.
+        """
+        started = time.monotonic()
+        delay = STORE_RETRY_FIRST_SECONDS
+        reason = pending.reason
+        while True:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, STORE_RETRY_MAX_SECONDS)
+            try:
+                store = await asyncio.to_thread(open_store, pending.url)
+            except StoreUnavailable as exc:
+                if not is_outage(exc):
+                    raise ConfigError(one_line(str(exc))) from None
+                if one_line(str(exc)) != reason:
+                    reason = one_line(str(exc))
+                    log.warning("metadata store still unreachable: %s", reason)
+                continue
+            break
+        pending.attach(store)
+        log.info("metadata store reached after %.1f s; serving", time.monotonic() - started)
+        await self._start_listener()
+        self._store_ready = True
+        await self._serving()
+
+    async def failure(self) -> int:
+        """Wait for as long as the server runs; raise ConfigError if the metadata store,
+        unreachable at start, turns out to be misconfigured when it is reached."""
+        if self._opening is not None:
+            await self._opening
+        await asyncio.Future()  # until cancelled
+        return 0
+
+    async def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
+        """NOT_SERVING, no new streams; those in flight get ``grace`` seconds to finish."""
+        if self._opening is not None and not self._opening.done():
+            self._opening.cancel()
+        self.sidecar.metrics.serving.set(0)
         await self._health.enter_graceful_shutdown()
         await self._grpc.stop(grace)
         if self._metrics_server is not None:
@@ -369,6 +492,6 @@ async def serve_until_signalled(settings: Settings) -> int:
         server = SidecarServer(Sidecar.from_settings(settings))
         try:
             await server.start()
-            return await signals.wait()
+            return await signals.wait({"the metadata store": server.failure()})
         finally:
             await server.stop()

@@ -36,7 +36,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from sidecar.config import Settings
 from sidecar.runtime import event_loop
 from sidecar.runtime.addresses import HostPort, UnixSocket, parse_host_port, parse_socket_address
-from sidecar.runtime.server import serve_until_signalled
+from sidecar.runtime.server import STOP_GRACE_SECONDS, serve_until_signalled
 from sidecar.runtime.signals import StopSignals
 from sidecar.runtime.tracing import exporter_names
 
@@ -183,8 +183,11 @@ class WorkerPool:
                     return process.exitcode if process.exitcode is not None else 1
             await asyncio.sleep(0.2)
 
-    async def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM every worker, wait ``grace`` seconds, then kill what is left."""
+    async def stop(self, grace: float = STOP_GRACE_SECONDS + 5.0) -> None:
+        """SIGTERM every worker, wait ``grace`` seconds, then kill what is left.
+
+        Each worker gives its streams in flight STOP_GRACE_SECONDS and exits as
+        soon as they are done."""
         for process in self._processes:
             if process.is_alive():
                 process.terminate()

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping
+
+import psycopg
+
+from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.postgres.dsn import SCHEMES as POSTGRES_SCHEMES
 from sidecar.store.postgres import PostgresStore
 from sidecar.store.sqlite import SqliteStore
-from sidecar.store.store import MetadataStore
+from sidecar.store.store import MetadataStore, SchemaMismatch, StoreUnavailable
 
 SQLITE_PREFIX = "sqlite:///"
 
@@ -58,3 +63,110 @@ def open_store(url: str) -> MetadataStore:
     if "?" in path:
         raise ValueError("SQLite URL query parameters are not supported")
     return SqliteStore(path)
+
+
+# What libpq and the server say when the server cannot be reached, or cannot
+# take a session yet: an outage, which may end by itself (a mesh proxy not
+# started yet, a server restarting). Anything else a connection attempt ends
+# with (a refused login, an unknown role or database, a bad parameter, TLS
+# refused) is a misconfiguration that no wait changes. libpq gives connection
+# failures no SQLSTATE, so its message is read.
+_OUTAGE_MESSAGES = (
+    "connection refused",
+    "timeout expired",
+    "timed out",
+    "could not translate host name",
+    "failed to resolve host",
+    "name or service not known",
+    "temporary failure in name resolution",
+    "no route to host",
+    "network is unreachable",
+    "host is unreachable",
+    "connection reset",
+    "server closed the connection unexpectedly",
+    "no such file or directory",  # a unix socket not there yet
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+    "too many clients",
+    "too many connections",
+)
+# SQLSTATE classes of outages, when there is one: 08 connection exception,
+# 53 insufficient resources (too many connections), 57 operator intervention
+# (starting up, shutting down).
+_OUTAGE_SQLSTATES = ("08", "53", "57")
+
+
+def is_outage(error: StoreUnavailable) -> bool:
+    """True when ``error`` (from :func:`open_store`) is an outage worth retrying: the
+    server could not be reached (refused, timed out, a name that does not resolve
+    yet, no route) or cannot take a session yet (starting up, out of connections).
+
+    False for what waiting does not change: a refused login, an unknown role or
+    database, a bad connection parameter, TLS refused, a schema at another
+    version (SchemaMismatch: the message says which migration to run), and any
+    error that is not a connection error.
+    """
+    if isinstance(error, SchemaMismatch):
+        return False
+    cause = error.__cause__ or error.__context__
+    if not isinstance(cause, psycopg.OperationalError):
+        return False
+    if cause.sqlstate:
+        return cause.sqlstate.startswith(_OUTAGE_SQLSTATES)
+    message = " ".join(str(cause).lower().split())
+    return any(text in message for text in _OUTAGE_MESSAGES)
+
+
+class PendingStore:
+    """A metadata store not opened yet: every lookup is StoreUnavailable until
+    :meth:`attach` hands it the opened store, then it is that store.
+
+    The sidecar serves (NOT_SERVING, failing closed) while the store it needs
+    cannot be reached at start, instead of exiting.
+    """
+
+    def __init__(self, url: str, reason: str) -> None:
+        self.url = url
+        self.reason = reason
+        self._inner: MetadataStore | None = None
+        self._closed = False
+
+    @property
+    def opened(self) -> bool:
+        """True once :meth:`attach` was called."""
+        return self._inner is not None
+
+    def attach(self, store: MetadataStore) -> None:
+        """From now on, answer with ``store``."""
+        self._inner = store
+
+    def _store(self) -> MetadataStore:
+        if self._inner is None or self._closed:
+            raise StoreUnavailable(f"metadata store not reached yet: {self.reason}")
+        return self._inner
+
+    async def fetch(self, chunk_ids: Collection[str]) -> Mapping[str, ChunkRecord]:
+        return await self._store().fetch(chunk_ids)
+
+    def upsert(self, records: Iterable[ChunkRecord]) -> int:
+        return self._store().upsert(records)
+
+    def get(self, chunk_id: str) -> ChunkRecord | None:
+        return self._store().get(chunk_id)
+
+    def set_status(
+        self, chunk_id: str, status: Status, superseded_by: str | None = None
+    ) -> ChunkRecord:
+        return self._store().set_status(chunk_id, status, superseded_by)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._inner is not None:
+            self._inner.close()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._inner is not None:
+            await self._inner.aclose()

@@ -399,8 +399,11 @@ def test_the_gate_listens_on_loopback_and_its_probes_call_that_address(
         re.MULTILINE,
     )
     assert copied is not None
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert gate[probe]["exec"]["command"] == ["python", copied.group(1)], probe
+    assert gate["readinessProbe"]["exec"]["command"] == ["python", copied.group(1)]
+    # A gate waiting NOT_SERVING for its store is alive: not restarted, and the
+    # containers after it (perhaps the proxy it reaches the store through) start.
+    for probe in ("startupProbe", "livenessProbe"):
+        assert gate[probe]["exec"]["command"] == ["python", copied.group(1), "--alive"], probe
 
 
 def test_gateway_envoy_probes_reach_only_envoys_ready_endpoint() -> None:
@@ -944,7 +947,7 @@ def test_docs_name_the_commands_that_check_the_manifests() -> None:
 
 def run_gate_probe(address: str) -> subprocess.CompletedProcess[str]:
     """The gate container's probe command, run here against ``address``."""
-    (_, script) = container("istio", GATE)["livenessProbe"]["exec"]["command"]
+    (_, script) = container("istio", GATE)["readinessProbe"]["exec"]["command"]
     assert script.endswith("/" + HEALTHCHECK.name)
     env = {**os.environ, "GATE_HEALTHCHECK_ADDRESS": address}
     return subprocess.run(
@@ -959,3 +962,38 @@ def test_the_gate_probe_passes_on_a_serving_gate_and_fails_without_one(
     gate, _ = istio_chain
     assert run_gate_probe(f"unix:{gate.socket}").returncode == 0
     assert run_gate_probe(f"unix:{tmp_path / 'nothing.sock'}").returncode != 0
+
+
+# --- Start order and rollouts (issue 25) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", ISTIO_OVERLAYS)
+def test_istio_injects_its_proxy_as_a_native_sidecar_before_the_gate(overlay: str) -> None:
+    annotations = gated_deployment(overlay)["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["sidecar.istio.io/nativeSidecar"] == "true"
+    # The graceful ext_proc close the gate needs exists from Envoy 1.34 (Istio 1.26) on.
+    assert "Istio 1.26 or\nlater" in (ROOT / "docs" / "kubernetes.md").read_text()
+
+
+def test_the_gateway_envoy_drains_before_it_stops() -> None:
+    envoy = container("gateway", ENVOY)
+    args = dict(a.removeprefix("--").split("=", 1) for a in envoy["args"] if "=" in a)
+    assert args["drain-strategy"] == "immediate"
+    command = envoy["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:3] == ["python", "-m", "sidecar.runtime.envoy_drain"]
+    hook = dict(a.removeprefix("--").split("=", 1) for a in command[3:])
+    (config,) = yaml_documents(config_file("gateway", "retrieval-gate-envoy", "envoy.yaml"))
+    admin = config["admin"]["address"]["socket_address"]
+    assert hook["admin"] == f"{admin['address']}:{admin['port_value']}"
+    # The hook outlasts the route timeout and Envoy's drain; the pod's grace outlasts the hook.
+    assert float(hook["max-seconds"]) >= float(args["drain-time-s"]) >= 60
+    grace = pod_spec("gateway")["terminationGracePeriodSeconds"]
+    assert grace >= float(hook["max-seconds"]) + 5
+    # The module the hook runs is the gate's own, installed in the image.
+    done = subprocess.run(
+        [sys.executable, "-m", "sidecar.runtime.envoy_drain", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0 and "--max-seconds" in done.stdout

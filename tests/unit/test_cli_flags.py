@@ -40,7 +40,13 @@ SETTING_FLAGS = {
     "--message-timeout-ms",
 }
 NEGATIONS = {"--no-allow-plain-http", "--no-expose-grpc-listen", "--no-substitute-superseded"}
-PROXY_ONLY = {"--upstream", "--grpc-upstream", "--listen", "--envoy-concurrency"}
+PROXY_ONLY = {
+    "--upstream",
+    "--grpc-upstream",
+    "--listen",
+    "--envoy-concurrency",
+    "--drain-seconds",
+}
 
 # Given before the flag under test (which, coming last, wins): enough for
 # load_settings to accept any one of the others.

@@ -296,10 +296,10 @@ def test_build_context_holds_what_the_dockerfile_copies() -> None:
 # --- the HEALTHCHECK script ---------------------------------------------------
 
 
-def run_healthcheck(address: str) -> subprocess.CompletedProcess[str]:
+def run_healthcheck(address: str, *flags: str) -> subprocess.CompletedProcess[str]:
     """The HEALTHCHECK as Docker runs it: the script under the image's Python."""
     return subprocess.run(
-        [sys.executable, str(HEALTHCHECK)],
+        [sys.executable, str(HEALTHCHECK), *flags],
         env={**os.environ, "GATE_HEALTHCHECK_ADDRESS": address},
         capture_output=True,
         text=True,
@@ -341,8 +341,20 @@ def test_healthcheck_fails_when_nothing_listens() -> None:
     assert "DEADLINE_EXCEEDED" in done.stdout or "UNAVAILABLE" in done.stdout
 
 
-@pytest.mark.parametrize(("reply", "healthy"), [(b"\x08\x01", True), (b"\x08\x02", False)])
-def test_healthcheck_follows_the_health_service(reply: bytes, healthy: bool) -> None:
+@pytest.mark.parametrize(
+    ("reply", "flags", "healthy"),
+    [
+        (b"\x08\x01", (), True),
+        (b"\x08\x02", (), False),
+        # --alive (startup and liveness probes): a gate waiting for its store is alive.
+        (b"\x08\x01", ("--alive",), True),
+        (b"\x08\x02", ("--alive",), True),
+        (b"", ("--alive",), False),  # UNKNOWN
+    ],
+)
+def test_healthcheck_follows_the_health_service(
+    reply: bytes, flags: tuple[str, ...], healthy: bool
+) -> None:
     # A fake gRPC health service (grpc.health.v1.Health/Check) answering SERVING
     # or NOT_SERVING, for a sidecar that registers the standard health service.
     handler = grpc.method_handlers_generic_handler(
@@ -353,7 +365,7 @@ def test_healthcheck_follows_the_health_service(reply: bytes, healthy: bool) -> 
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
-        done = run_healthcheck(f"127.0.0.1:{port}")
+        done = run_healthcheck(f"127.0.0.1:{port}", *flags)
     finally:
         server.stop(None)
     assert (done.returncode == 0) is healthy, done.stdout + done.stderr
