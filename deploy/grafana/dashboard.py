@@ -4,10 +4,16 @@ Run ``python deploy/grafana/dashboard.py > deploy/grafana/retrieval-gate.json``
 to regenerate the committed JSON; tests/envoy/test_grafana.py fails when the two
 differ, and runs every panel query against a real Prometheus scraping a gate.
 
-Every query is limited to the gate deployments chosen in the ``job`` variable;
-the per-chunk and per-response counters also to the ``format`` and
-``collection`` variables. The cache, store, latency and audit instruments
-carry no such labels, so their panels show the whole of each deployment.
+Every query is limited to the ``cluster`` and ``namespace`` chosen and to the
+gate deployments chosen in the ``job`` variable (Envoy's counters: the
+``envoy_job`` variable); the per-chunk and per-response counters also to the
+``format`` and ``collection`` variables. The "Gate health" row reads what the
+shipped alerts read (deploy/prometheus, docs/alerts.md): scrape health,
+Envoy's ext_proc counters and answers, the bypass detector's two sides (the
+protected database's Istio counter, the ``database`` variable) and the audit
+spool; firing RetrievalGate alerts show as annotations. The cache, store,
+latency and audit instruments carry no format or collection labels, so their
+panels show the whole of each deployment.
 Queries sum over instances and workers, whatever the number of gate pods.
 """
 
@@ -31,13 +37,32 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 
 UID = "retrieval-gate"
+# The example database of deploy/kubernetes/overlays/istio; the bypass panel's default.
+DATABASE_WORKLOAD = "vector-db"
 TITLE = "Retrieval Gate"
 
 # Grafana replaces these before a query reaches Prometheus.
 RATE_WINDOW = "$__rate_interval"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
-# Every query is limited to the chosen gate deployments (Prometheus jobs).
+# Every query is limited to the chosen gate deployments (Prometheus jobs),
+# cluster and namespace. A target without a cluster label matches "All" (.*).
 JOB = 'job=~"$job"'
+WHERE = 'cluster=~"$cluster", namespace=~"$namespace"'
+# Envoy's statistics: the Envoy in front of the gate (job retrieval-gate-envoy
+# in deploy/kubernetes/components/monitoring), its gated listener's stat prefix.
+ENVOY = 'job=~"$envoy_job", cluster=~"$cluster", namespace=~"$namespace"'
+GATED_LISTENER = 'envoy_http_conn_manager_prefix="retrieval_gate"'
+# The protected database as Istio's istio-proxy in front of it reports it: the
+# selector of the recording rule retrieval_gate:database_requests:rate5m.
+DATABASE = (
+    'reporter="destination", destination_workload=~"$database", response_code!="401", '
+    'cluster=~"$cluster"'
+)
+# Firing alerts of deploy/prometheus, as annotations on every panel.
+ALERT_ANNOTATIONS = (
+    'ALERTS{alertname=~"RetrievalGate.*", alertstate="firing", '
+    'cluster=~"$cluster", namespace=~"$namespace"}'
+)
 
 # The labelled counters (sidecar/metrics.py). CHUNKS counts each chunk once, by
 # its primary reason; CHUNK_REASONS counts every reason of a rejected chunk, so
@@ -68,13 +93,13 @@ def selector(metric: str, *matchers: str) -> str:
 
     For the labelled counters only: each carries ``format`` and ``collection``.
     """
-    labels = [JOB, 'format=~"$format"', 'collection=~"$collection"', *matchers]
+    labels = [JOB, WHERE, 'format=~"$format"', 'collection=~"$collection"', *matchers]
     return f"{metric}{{{', '.join(labels)}}}"
 
 
 def of_job(metric: str) -> str:
     """``metric`` of the chosen gate deployments (the instruments without labels)."""
-    return f"{metric}{{{JOB}}}"
+    return f"{metric}{{{JOB}, {WHERE}}}"
 
 
 def rate(series: str) -> str:
@@ -245,6 +270,104 @@ def overview() -> list[stat.Panel]:
             "short",
             f"max({of_job('retrieval_gate_audit_shipping_failed')})",
             BAD_ABOVE_ZERO,
+        ),
+    ]
+
+
+def envoy(metric: str, *matchers: str) -> str:
+    """An Envoy statistic of the chosen Envoys (``envoy_job``)."""
+    return f"{metric}{{{', '.join([ENVOY, *matchers])}}}"
+
+
+OLDEST_UNSHIPPED = of_job("retrieval_gate_audit_oldest_unshipped_timestamp_seconds")
+
+
+def health() -> list[timeseries.Panel]:
+    """The gate itself: scraped and serving, called by Envoy, not routed around."""
+    return [
+        graph(
+            "Gates up and serving",
+            "up: 1 while Prometheus scrapes the gate's metrics port (RetrievalGateDown, "
+            "RetrievalGateAbsent). serving: 1 while the gate's health service reports "
+            "SERVING (RetrievalGateNotServing).",
+            "short",
+            [
+                (f"up{{{JOB}, {WHERE}}}", "up {{instance}}"),
+                (of_job("retrieval_gate_serving"), "serving {{instance}}"),
+            ],
+            width=8,
+        ),
+        graph(
+            "Envoy ext_proc failures",
+            "Envoy's calls to the gate: failed streams (gate down or erroring), message "
+            "timeouts, and requests Envoy let through without the gate "
+            "(failure_mode_allow; should stay 0).",
+            "ops",
+            [
+                (summed("", envoy("envoy_http_ext_proc_streams_failed")), "failed streams"),
+                (summed("", envoy("envoy_http_ext_proc_message_timeouts")), "message timeouts"),
+                (
+                    summed("", envoy("envoy_http_ext_proc_failure_mode_allowed")),
+                    "passed without the gate",
+                ),
+            ],
+            width=8,
+        ),
+        graph(
+            "Gated listener answers by class",
+            "Answers of the Envoy listener in front of the gate, by status class: 5xx when "
+            "the gate is down (503), cannot audit (500) or the database fails "
+            "(RetrievalGateEnvoy5xx).",
+            "reqps",
+            [
+                (
+                    summed(
+                        "envoy_response_code_class",
+                        envoy("envoy_http_downstream_rq_xx", GATED_LISTENER),
+                    ),
+                    "{{envoy_response_code_class}}xx",
+                ),
+            ],
+            width=8,
+            stacked=True,
+        ),
+        graph(
+            "Bypass: database requests vs gate requests",
+            "Requests the protected database's istio-proxy counted (the database variable) "
+            "and requests the gate saw (responses and refusals). More at the database than "
+            "through the gate is traffic around it (RetrievalGateBypassed).",
+            "reqps",
+            [
+                (summed("", f"istio_requests_total{{{DATABASE}}}"), "reached the database"),
+                (
+                    f"{summed('', of_job(RESPONSES))}"
+                    f" + {summed('', of_job('retrieval_gate_request_refusals_total'))}",
+                    "passed the gate",
+                ),
+            ],
+        ),
+        graph(
+            "Audit spool",
+            "Bytes of the local audit spool per pod against its bound (0: no bound), and the "
+            "age of the oldest record not yet in PostgreSQL (RetrievalGateAuditSpoolNearLimit, "
+            "RetrievalGateAuditUnshippedTooOld).",
+            "bytes",
+            [
+                (
+                    f"sum by (instance) ({of_job('retrieval_gate_audit_spool_bytes')})",
+                    "spool {{instance}}",
+                ),
+                (
+                    f"max by (instance) ({of_job('retrieval_gate_audit_spool_limit_bytes')})",
+                    "bound {{instance}}",
+                ),
+                # 0 while nothing waits (the gauge is 0 then).
+                (
+                    f"time() - min by (instance) ({OLDEST_UNSHIPPED} > 0)"
+                    f" or min by (instance) ({OLDEST_UNSHIPPED}) * 0",
+                    "oldest unshipped, seconds {{instance}}",
+                ),
+            ],
         ),
     ]
 
@@ -585,8 +708,11 @@ def audit() -> list[timeseries.Panel]:
     ]
 
 
-def variables() -> list[dashboard.DatasourceVariable | dashboard.QueryVariable]:
-    """The data source, and the ``job``, ``format`` and ``collection`` filters (all by default)."""
+def variables() -> list[
+    dashboard.DatasourceVariable | dashboard.QueryVariable | dashboard.TextBoxVariable
+]:
+    """The data source; the ``cluster``, ``namespace``, ``job``, ``envoy_job``, ``format`` and
+    ``collection`` filters (all by default); the protected ``database``."""
     everything = VariableOption(selected=True, text="All", value="$__all")
 
     def label_filter(name: str, metric: str, description: str) -> dashboard.QueryVariable:
@@ -607,10 +733,31 @@ def variables() -> list[dashboard.DatasourceVariable | dashboard.QueryVariable]:
     return [
         dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus"),
         label_filter(
+            "cluster",
+            "retrieval_gate_decision_seconds_count",
+            "Cluster (the target label your Prometheus or its federation sets; none: All).",
+        ),
+        label_filter(
+            "namespace", "retrieval_gate_decision_seconds_count", "Namespaces of the gates."
+        ),
+        label_filter(
             "job",
             "retrieval_gate_decision_seconds_count",
             "Gate deployments: the Prometheus jobs that scrape them.",
         ),
+        label_filter(
+            "envoy_job",
+            "envoy_http_ext_proc_streams_started",
+            "The Prometheus jobs that scrape the Envoys calling the gate "
+            "(retrieval-gate-envoy, or a mesh's proxies).",
+        ),
+        dashboard.TextBoxVariable("database")
+        .label("Protected database")
+        .description(
+            "Istio destination_workload of the database the gate protects, as in the "
+            "recording rule retrieval_gate:database_requests:rate5m (a regex)."
+        )
+        .default_value(DATABASE_WORKLOAD),
         label_filter("format", RESPONSES, "Response format (the route's adapter)."),
         label_filter(
             "collection",
@@ -627,8 +774,9 @@ def build() -> dashboard.Dashboard:
         dashboard.Dashboard(TITLE)
         .uid(UID)
         .description(
-            "Retrieval Gate: decisions, drift between the index and the metadata store, "
-            "latency, cache, revocation propagation, refusals and the audit trail."
+            "Retrieval Gate: the gate's health (scraped, serving, Envoy's calls, bypass), "
+            "decisions, drift between the index and the metadata store, latency, cache, "
+            "revocation propagation, refusals and the audit trail."
         )
         .tags(["retrieval-gate"])
         .editable()
@@ -639,8 +787,17 @@ def build() -> dashboard.Dashboard:
     )
     for variable in variables():
         board = board.with_variable(variable)
+    board = board.annotation(
+        dashboard.AnnotationQuery()
+        .name("Retrieval Gate alerts")
+        .datasource(DATASOURCE)
+        .enable(True)
+        .icon_color("red")
+        .expr(ALERT_ANNOTATIONS)
+    )
     rows: list[tuple[str, list[stat.Panel] | list[timeseries.Panel]]] = [
         ("Overview", overview()),
+        ("Gate health", health()),
         ("Decisions", decisions()),
         ("Drift per collection", drift()),
         ("Latency", latency()),

@@ -268,7 +268,32 @@ def responses_served(stack: GateStack) -> float:
 # What Grafana sends with every variable at "All" (allValue .*). Grafana sets
 # $__rate_interval to at least four scrape intervals; five minutes hold both
 # rounds of traffic however slowly the test runs.
-ALL_SELECTED = {"job": ".*", "format": ".*", "collection": ".*", "__rate_interval": "5m"}
+ALL_SELECTED = {
+    "cluster": ".*",
+    "namespace": ".*",
+    "job": ".*",
+    "envoy_job": ".*",
+    "database": dashboard.DATABASE_WORKLOAD,
+    "format": ".*",
+    "collection": ".*",
+    "__rate_interval": "5m",
+}
+# Panel queries whose series this scenario (one gate, scraped alone) does not
+# produce: they must parse here; tests/envoy/test_alerting_end_to_end.py runs
+# them where their series exist (the gates' Envoys, the database's proxy as
+# Istio's stand-in). The spool and serving metrics come with issue 25's
+# items 1 and 4 (until then no gate exports them).
+ELSEWHERE = {
+    ("Gates up and serving", "B"),
+    ("Envoy ext_proc failures", "A"),
+    ("Envoy ext_proc failures", "B"),
+    ("Envoy ext_proc failures", "C"),
+    ("Gated listener answers by class", "A"),
+    ("Bypass: database requests vs gate requests", "A"),
+    ("Audit spool", "A"),
+    ("Audit spool", "B"),
+    ("Audit spool", "C"),
+}
 _LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 # Series appear a scrape or two after the traffic; rates need two samples.
 ANSWER_TIMEOUT = 45.0
@@ -323,7 +348,12 @@ EXPECTED_ACTIVE: dict[tuple[str, str], tuple[str, set[str]]] = {
 @pytest.mark.envoy
 @pytest.mark.prometheus
 def test_every_panel_query_parses_and_returns_series(prometheus: Prometheus) -> None:
-    wanted = targets(committed())
+    every = targets(committed())
+    wanted = [t for t in every if (t.panel, t.ref_id) not in ELSEWHERE]
+    for target in every:
+        if target not in wanted:
+            prometheus.query(as_sent(target.expr))  # parses and evaluates, series or not
+    assert len(every) - len(wanted) == len(ELSEWHERE)
     results = instant_results(prometheus, wanted)
     empty = [str(t) for t in wanted if t not in results]
     assert not empty, f"no series for: {empty}"
