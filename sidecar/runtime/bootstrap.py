@@ -1,8 +1,10 @@
 """The Envoy configuration that `retrieval-gate proxy` runs.
 
 Also the reference for operators who bring their own Envoy: the filter chain
-(jwt_authn for envoy-jwt identity, then ext_proc, then the router) and every
-fail-closed setting here are what a mesh configuration must reproduce. The
+(jwt_authn for envoy-jwt identity, then ext_proc, then credential_injector
+when the database requires a credential, then the router), the overload
+manager and caps, and every fail-closed setting here are what a mesh
+configuration must reproduce. The
 sidecar admits each request in its ext_proc stream, so one gRPC stream serves
 the whole request; a mesh may put an ext_authz filter (the sidecar serves that
 API too) in front of ext_proc instead, at the cost of a second stream.
