@@ -14,7 +14,7 @@ from sidecar.runtime.addresses import (
     parse_socket_address,
     reachable_from_elsewhere,
 )
-from sidecar.runtime.bootstrap import Upstream
+from sidecar.runtime.bootstrap import Upstream, check_upstream_credential
 from sidecar.runtime.envoy_process import DEFAULT_DRAIN_SECONDS
 from sidecar.runtime.jwks_relay import run_with_jwks_relay
 from sidecar.runtime.proxy import run_proxy
@@ -95,11 +95,26 @@ def check_plain_http(settings: Settings) -> None:
             )
 
 
+def check_no_upstream_credential(settings: Settings) -> None:
+    """ConfigError for an upstream credential given to `serve`, which would not use it.
+
+    With `serve` the Envoy is the operator's: its credential_injector adds the
+    database's credential (deploy/envoy/envoy.yaml), and the sidecar never
+    reads it.
+    """
+    if settings.upstream.credential_file is not None:
+        raise ConfigError(
+            "upstream.credential_file is used by `proxy` only: with `serve`, configure your "
+            "Envoy's credential_injector to add it (deploy/envoy/envoy.yaml)"
+        )
+
+
 def serve(args: argparse.Namespace) -> int:
     """Serve ext_proc and ext_authz until SIGINT or SIGTERM; 1 when a worker died."""
     settings = settings_from_flags(args)
     check_exposure(settings)
     check_plain_http(settings)
+    check_no_upstream_credential(settings)
     run = serve_until_signalled if settings.listen.workers == 1 else serve_workers_until_signalled
     # The relay runs here, once, not in each worker.
     return event_loop.run(run_with_jwks_relay(settings, run), settings.listen.event_loop)
@@ -114,6 +129,8 @@ def proxy(args: argparse.Namespace) -> int:
     settings = settings_from_flags(args)
     check_exposure(settings)
     check_plain_http(settings)
+    # Before anything starts: Envoy would refuse a missing file only once the sidecar runs.
+    check_upstream_credential(settings)
     try:
         listen = parse_host_port(args.listen)
         upstream = Upstream.parse(args.upstream)

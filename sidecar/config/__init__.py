@@ -2,7 +2,7 @@
 
 The settings come in groups, one TOML table each (``[listen]``,
 ``[identity]``, ``[policy]``, ``[store]``, ``[cache]``, ``[audit]``,
-``[telemetry]``, ``[filter]``), plus the tables ``[routes."<prefix>"]`` and
+``[telemetry]``, ``[filter]``, ``[upstream]``), plus the tables ``[routes."<prefix>"]`` and
 ``[formats.<name>]``. Modules: ``_schema`` (how a setting is declared and one
 value checked; :class:`Group`), ``groups`` (the group classes), ``settings``
 (:class:`Settings`, the per-route options, the format table), ``checks``
@@ -23,6 +23,7 @@ from sidecar.config.groups import (
     PolicySettings,
     StoreSettings,
     TelemetrySettings,
+    UpstreamSettings,
     default_policy_dir,
 )
 from sidecar.config.load import grouped, load_settings
@@ -48,6 +49,7 @@ __all__ = [
     "Settings",
     "StoreSettings",
     "TelemetrySettings",
+    "UpstreamSettings",
     "default_policy_dir",
     "format_table",
     "grouped",

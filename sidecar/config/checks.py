@@ -131,3 +131,22 @@ def _formats(settings: Settings) -> Iterator[str]:
         format_table(settings)
     except ValueError as exc:
         yield f"formats: {exc}"
+
+
+@_reads("upstream.credential_file", "upstream.credential_header", "upstream.credential_prefix")
+def _upstream_credential(settings: Settings) -> Iterator[str]:
+    upstream = settings.upstream
+    if upstream.credential_file is None:
+        if upstream.credential_header is not None or upstream.credential_prefix:
+            yield (
+                "upstream.credential_header and upstream.credential_prefix need "
+                "upstream.credential_file (--upstream-credential-file)"
+            )
+        return
+    if upstream.credential_header is None:
+        yield (
+            "upstream.credential_file needs upstream.credential_header "
+            "(--upstream-credential-header): the header the database reads it from, e.g. "
+            "api-key (Qdrant) or authorization with upstream.credential_prefix 'ApiKey ' "
+            "(Elasticsearch)"
+        )

@@ -9,6 +9,7 @@ two settings are in ``sidecar.config.checks``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -119,6 +120,25 @@ class ListenSettings(Group, group="listen"):
     )
     tls_client_ca_file: Path | None = setting(
         None, help=f"proxy: CA bundle, PEM, that client certificates must chain to {_MTLS}"
+    )
+    # Envoy's overload manager and caps in the bootstrap `proxy` generates
+    # (sidecar/runtime/bootstrap.py); a hand-written Envoy config sets its own.
+    max_connections: int = setting(
+        4096,
+        minimum=1,
+        help="proxy: the most client connections Envoy holds open at once (its overload "
+        "manager's global_downstream_max_connections); more are closed at accept",
+    )
+    max_heap_bytes: int = setting(
+        384 * 1024 * 1024,
+        minimum=16 * 1024 * 1024,
+        help="proxy: Envoy's heap budget: at 90% it returns free memory to the system, at "
+        "95% it answers new requests 503 until usage falls (size below the memory limit)",
+    )
+    max_concurrent_streams: int = setting(
+        100,
+        minimum=1,
+        help="proxy: the most HTTP/2 streams (gRPC calls) one client connection may have open",
     )
 
     @property
@@ -383,4 +403,67 @@ class FilterSettings(Group, group="filter"):
         False,
         help="replace a superseded chunk in place by its successor when the successor "
         "passes every check",
+    )
+
+
+def _header_name(value: str) -> str:
+    """``value``, lowercased, if it can name the header the database reads; raises ValueError."""
+    name = value.strip().lower()
+    if not re.fullmatch(r"[a-z0-9!#$%&'*+.^_`|~-]+", name):
+        raise ValueError(f"{value!r} is not an HTTP header name")
+    if name in _NOT_CREDENTIAL_HEADERS or name.startswith(("x-envoy-", "x-gate-")):
+        raise ValueError(f"{value!r} cannot carry the database's credential")
+    return name
+
+
+# Headers that route, frame or belong to Envoy or the gate: never the credential's.
+_NOT_CREDENTIAL_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "content-type",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "upgrade",
+        "trailer",
+    }
+)
+
+
+def _header_prefix(value: str) -> str:
+    if not all(" " <= c <= "~" for c in value):
+        raise ValueError("must be printable ASCII (a scheme such as 'Bearer ' or 'ApiKey ')")
+    return value
+
+
+@dataclass(frozen=True)
+class UpstreamSettings(Group, group="upstream"):
+    """The credential `proxy`'s Envoy adds to every request it forwards to the database."""
+
+    # Read by Envoy (credential_injector, a generic secret from the file), never
+    # by the sidecar beyond the check at start that it is there and not empty:
+    # the value is in no log, metric, error or generated file.
+    credential_file: Path | None = setting(
+        None,
+        name="upstream_credential_file",
+        help="proxy: file holding the database's credential (a mounted secret); Envoy adds "
+        "it to every request it forwards, in place of any the client sent",
+    )
+    credential_header: str | None = setting(
+        None,
+        name="upstream_credential_header",
+        check=_header_name,
+        help="proxy: the header the database reads its credential from: api-key (Qdrant, "
+        "Pinecone), authorization (Elasticsearch, Weaviate, Milvus, Chroma), "
+        "x-chroma-token (Chroma); required with upstream.credential_file",
+    )
+    credential_prefix: str = setting(
+        "",
+        name="upstream_credential_prefix",
+        check=_header_prefix,
+        help="proxy: text before the credential in the header, e.g. 'Bearer ' or 'ApiKey '",
+        default_text="none",
     )

@@ -15,6 +15,7 @@ from sidecar.config.groups import (
     PolicySettings,
     StoreSettings,
     TelemetrySettings,
+    UpstreamSettings,
     non_empty_field,
 )
 from sidecar.core.hits import path_under
@@ -67,6 +68,7 @@ class Settings:
     audit: AuditSettings = field(default_factory=AuditSettings)
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     filter: FilterSettings = field(default_factory=FilterSettings)
+    upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
     # Longest matching path prefix wins, e.g. {"/collections/sops/": RouteOptions(mode=STRICT)}.
     routes: dict[str, RouteOptions] = field(default_factory=dict)
     # A format name that is not built in defines a generic adapter.
@@ -111,6 +113,7 @@ GROUPS: dict[str, type[Group]] = {
         AuditSettings,
         TelemetrySettings,
         FilterSettings,
+        UpstreamSettings,
     )
 }
 # The top-level tables of prefix or name = {options}, which only a file can express.

@@ -1,8 +1,10 @@
 """The Envoy configuration that `retrieval-gate proxy` runs.
 
 Also the reference for operators who bring their own Envoy: the filter chain
-(jwt_authn for envoy-jwt identity, then ext_proc, then the router) and every
-fail-closed setting here are what a mesh configuration must reproduce. The
+(jwt_authn for envoy-jwt identity, then ext_proc, then credential_injector
+when the database requires a credential, then the router), the overload
+manager and caps, and every fail-closed setting here are what a mesh
+configuration must reproduce. The
 sidecar admits each request in its ext_proc stream, so one gRPC stream serves
 the whole request; a mesh may put an ext_authz filter (the sidecar serves that
 API too) in front of ext_proc instead, at the cost of a second stream.
@@ -52,6 +54,7 @@ UPSTREAM_CLUSTER = "vector_db"
 # gRPC calls (Milvus, Weaviate, Qdrant and Pinecone clients) need HTTP/2 to the
 # database; REST stays on HTTP/1.1, which every database's REST API speaks.
 GRPC_UPSTREAM_CLUSTER = "vector_db_grpc"
+INJECTED_CREDENTIAL = "upstream_credential"
 
 # Envoy runtime values the gate's Envoy needs, whoever runs it (deploy/envoy,
 # the gateway overlay, Istio's runtimeValues in the istio overlay).
@@ -145,6 +148,7 @@ def _http_filters(settings: Settings, generated_jwks: Path | None) -> list[dict[
                 ),
             },
         },
+        *_credential_injector(settings),
         {
             "name": "envoy.filters.http.router",
             "typed_config": {
@@ -155,6 +159,123 @@ def _http_filters(settings: Settings, generated_jwks: Path | None) -> list[dict[
             },
         },
     ]
+
+
+def _credential_injector(settings: Settings) -> list[dict[str, Any]]:
+    """Envoy's credential_injector, adding the database's credential, if one is configured.
+
+    It runs after ext_proc, so after the sidecar has stripped the client's
+    identity headers, and overwrites every value of its header that the client
+    sent: the database sees the gate's credential or none. Without the secret
+    Envoy answers 401 rather than forward a request without it.
+    """
+    upstream = settings.upstream
+    if upstream.credential_file is None or upstream.credential_header is None:
+        return []
+    generic: dict[str, Any] = {
+        "@type": _TYPE + "envoy.extensions.http.injected_credentials.generic.v3.Generic",
+        "credential": {"name": INJECTED_CREDENTIAL},
+        "header": upstream.credential_header,
+    }
+    if upstream.credential_prefix:
+        generic["header_value_prefix"] = upstream.credential_prefix
+    return [
+        {
+            "name": "envoy.filters.http.credential_injector",
+            "typed_config": {
+                "@type": _TYPE
+                + "envoy.extensions.filters.http.credential_injector.v3.CredentialInjector",
+                "overwrite": True,
+                "allow_request_without_credential": False,
+                "credential": {
+                    "name": "envoy.http.injected_credentials.generic",
+                    "typed_config": generic,
+                },
+            },
+        }
+    ]
+
+
+def _credential_secrets(settings: Settings) -> list[dict[str, Any]]:
+    """The generic secret the credential_injector reads: a reference to the file, not its value."""
+    path = settings.upstream.credential_file
+    if path is None:
+        return []
+    return [
+        {
+            "name": INJECTED_CREDENTIAL,
+            # absolute(), not resolve(): a Kubernetes secret volume's file is a
+            # link that the kubelet re-points when the Secret changes.
+            "generic_secret": {"secret": {"filename": str(path.absolute())}},
+        }
+    ]
+
+
+def check_upstream_credential(settings: Settings) -> None:
+    """ConfigError unless ``upstream.credential_file`` (if set) is a readable, non-empty file.
+
+    The value is read only to be checked and is never repeated: the error
+    names the file, never what is in it.
+    """
+    path = settings.upstream.credential_file
+    if path is None:
+        return
+    name = "upstream.credential_file"
+    try:
+        value = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read {path}: {exc.strerror or exc}") from None
+    text = value.strip()
+    if not text:
+        raise ConfigError(f"{name}: {path} is empty")
+    if any(byte < 0x20 or byte > 0x7E for byte in text):
+        raise ConfigError(f"{name}: {path} must hold one line of printable ASCII (a header value)")
+
+
+def overload_manager(settings: Settings) -> dict[str, Any]:
+    """Envoy's overload manager: a cap on client connections and a heap budget.
+
+    Above ``listen.max_connections`` Envoy closes new connections at accept;
+    at 90% of ``listen.max_heap_bytes`` it returns free memory to the system,
+    at 95% it answers new requests 503 until usage falls. Without it Envoy
+    accepts connections and buffers bodies until the kernel kills it.
+    """
+    return {
+        "refresh_interval": "0.25s",
+        "resource_monitors": [
+            {
+                "name": "envoy.resource_monitors.global_downstream_max_connections",
+                "typed_config": {
+                    "@type": _TYPE
+                    + "envoy.extensions.resource_monitors.downstream_connections.v3"
+                    + ".DownstreamConnectionsConfig",
+                    "max_active_downstream_connections": settings.listen.max_connections,
+                },
+            },
+            {
+                "name": "envoy.resource_monitors.fixed_heap",
+                "typed_config": {
+                    "@type": _TYPE
+                    + "envoy.extensions.resource_monitors.fixed_heap.v3.FixedHeapConfig",
+                    "max_heap_size_bytes": settings.listen.max_heap_bytes,
+                },
+            },
+        ],
+        "actions": [
+            {
+                "name": "envoy.overload_actions.shrink_heap",
+                "triggers": [
+                    {"name": "envoy.resource_monitors.fixed_heap", "threshold": {"value": 0.90}}
+                ],
+            },
+            {
+                "name": "envoy.overload_actions.stop_accepting_requests",
+                "triggers": [
+                    {"name": "envoy.resource_monitors.fixed_heap", "threshold": {"value": 0.95}}
+                ],
+            },
+        ],
+    }
 
 
 def _upstream_cluster(upstream: Upstream, name: str = UPSTREAM_CLUSTER) -> dict[str, Any]:
@@ -285,6 +406,23 @@ def build_bootstrap(
         "normalize_path": True,
         "merge_slashes": True,
         "path_with_escaped_slashes_action": "REJECT_REQUEST",
+        # A header spelt with underscores may be read as its dashed twin by the
+        # database's framework (x_gate_tenant as x-gate-tenant): it is dropped.
+        "common_http_protocol_options": {
+            "headers_with_underscores_action": "DROP_HEADER",
+            "idle_timeout": "300s",
+            # Long-lived client connections are closed (HTTP/2: GOAWAY, then a
+            # drain) so that clients spread again over replicas after a rollout.
+            "max_connection_duration": "900s",
+        },
+        # A client must send its headers within 10 s (slow-header clients hold
+        # connections and nothing else).
+        "request_headers_timeout": "10s",
+        "http2_protocol_options": {
+            "max_concurrent_streams": settings.listen.max_concurrent_streams,
+            "initial_stream_window_size": 65536,
+            "initial_connection_window_size": 1048576,
+        },
         "route_config": {
             "name": "vector_db",
             "virtual_hosts": [
@@ -317,7 +455,9 @@ def build_bootstrap(
     return {
         "admin": {"address": _address("127.0.0.1", 0)},
         "layered_runtime": {"layers": [{"name": "gate", "static_layer": dict(ENVOY_RUNTIME)}]},
+        "overload_manager": overload_manager(settings),
         "static_resources": {
+            **({"secrets": secrets} if (secrets := _credential_secrets(settings)) else {}),
             "listeners": [
                 {
                     "name": "retrieval_gate",

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from sidecar.config import IdentityMode, Settings
+from sidecar.demo.upstream import CannedResponse
 from sidecar.runtime.bootstrap import Upstream, build_bootstrap
 from sidecar.runtime.envoy_process import find_envoy
 from sidecar.runtime.jwt_authn import write_generated_jwks
+from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.envoy_configs import (
     EXT_PROC,
     REFERENCE_IDENTITY,
@@ -19,8 +23,11 @@ from tests.fixtures.envoy_configs import (
     generated,
     http_filter,
     listener,
+    with_local_secrets,
     yaml_documents,
 )
+from tests.fixtures.harness import GateStack, wait_until
+from tests.fixtures.records import record_dict
 from tests.fixtures.settings import settings_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,8 +43,11 @@ def validate(config: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_reference_envoy_yaml_is_valid() -> None:
-    done = validate(ROOT / "deploy" / "envoy" / "envoy.yaml")
+def test_reference_envoy_yaml_is_valid(tmp_path: Path) -> None:
+    (shipped,) = yaml_documents((ROOT / "deploy" / "envoy" / "envoy.yaml").read_text())
+    config = tmp_path / "envoy.json"
+    config.write_text(json.dumps(with_local_secrets(shipped, tmp_path)))
+    done = validate(config)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -197,3 +207,39 @@ def test_generated_bootstrap_lists_every_worker(tmp_path: Path) -> None:
     config.write_text(json.dumps(bootstrap))
     done = validate(config)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_connections_beyond_the_cap_are_closed_and_underscored_headers_dropped(
+    tmp_path: Path,
+) -> None:
+    # Envoy's overload manager as `proxy` generates it, in a real Envoy: with
+    # listen.max_connections 2, a third connection is closed at accept while
+    # the first two are held.
+    stack = GateStack(tmp_path, [record_dict("c-01")], config={"max_connections": 2})
+    stack.start()
+    held: list[socket.socket] = []
+    try:
+        held = [socket.create_connection(("127.0.0.1", stack.listen_port)) for _ in range(2)]
+        time.sleep(0.5)  # the resource monitor refreshes every 0.25 s
+        with socket.create_connection(("127.0.0.1", stack.listen_port), timeout=5) as third:
+            try:
+                third.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                answer = third.recv(1024)
+            except ConnectionResetError:
+                answer = b""
+        assert answer == b""  # closed, never answered
+        for conn in held:
+            conn.close()
+        # Capacity back: a request is answered, and a header spelt with
+        # underscores never reaches the database.
+        path = "/collections/docs/points/search"
+        stack.upstream.respond("POST", path, CannedResponse(qb.encode(qb.search_body([]))))
+        assert wait_until(
+            lambda: stack.search(path, headers={"x_gate_tenant": "globex"}).status == 200
+        )
+        seen = [r for r in stack.upstream.requests if r.path == path][-1]
+        assert not [name for name in seen.headers if "_" in name]
+    finally:
+        for conn in held:
+            conn.close()
+        stack.stop()

@@ -54,6 +54,7 @@ from tests.fixtures.envoy_configs import (
     http_filter,
     listener,
     normalised,
+    with_local_secrets,
     yaml_documents,
 )
 from tests.fixtures.harness import GateStack, HttpResult, search_ids
@@ -69,7 +70,10 @@ OVERLAYS = ("gateway", "istio", "istio-ext-authz")
 ISTIO_OVERLAYS = ("istio", "istio-ext-authz")
 # The oldest Kubernetes with native sidecars on by default, and the newest schema here.
 KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")
-ISTIO_KINDS = {"EnvoyFilter", "RequestAuthentication", "AuthorizationPolicy", "ServiceEntry"}
+ISTIO_KINDS = {
+    *("EnvoyFilter", "RequestAuthentication", "AuthorizationPolicy", "ServiceEntry"),
+    "PeerAuthentication",
+}
 GATE = "retrieval-gate"  # the gate's container
 ENVOY = "envoy"  # the gateway's Envoy container
 
@@ -261,9 +265,12 @@ def test_every_overlay_is_checked() -> None:
         (
             "istio",
             {
+                "AuthorizationPolicy": 1,
                 "ConfigMap": 1,
                 "Deployment": 1,
                 "EnvoyFilter": 1,
+                "NetworkPolicy": 1,
+                "PeerAuthentication": 1,
                 "RequestAuthentication": 1,
                 "Service": 1,
             },
@@ -271,10 +278,12 @@ def test_every_overlay_is_checked() -> None:
         (
             "istio-ext-authz",
             {
-                "AuthorizationPolicy": 1,
+                "AuthorizationPolicy": 2,
                 "ConfigMap": 1,
                 "Deployment": 1,
                 "EnvoyFilter": 2,
+                "NetworkPolicy": 1,
+                "PeerAuthentication": 1,
                 "RequestAuthentication": 1,
                 "Service": 1,
                 "ServiceEntry": 1,
@@ -447,21 +456,23 @@ def test_gateway_service_and_budget_select_the_gate_pods() -> None:
 
 def test_only_the_gate_may_reach_the_vector_database() -> None:
     (config,) = yaml_documents(config_file("gateway", "retrieval-gate-envoy", "envoy.yaml"))
-    (upstream,) = [c for c in config["static_resources"]["clusters"] if c["name"] == "vector_db"]
-    (endpoint,) = upstream["load_assignment"]["endpoints"][0]["lb_endpoints"]
-    db_port = endpoint["endpoint"]["address"]["socket_address"]["port_value"]
+    db_ports = []
+    for name in ("vector_db", "vector_db_grpc"):  # REST and gRPC
+        (upstream,) = [c for c in config["static_resources"]["clusters"] if c["name"] == name]
+        (endpoint,) = upstream["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        db_ports.append(endpoint["endpoint"]["address"]["socket_address"]["port_value"])
     policy = next(
         p
         for p in objects("gateway", "NetworkPolicy")
         if not matches(p["spec"]["podSelector"]["matchLabels"], pod_labels("gateway"))
     )
     assert policy["spec"]["policyTypes"] == ["Ingress"]
-    # One rule, one peer: the gate's pods; one port: the one Envoy forwards to.
+    # One rule, one peer: the gate's pods; the ports: those Envoy forwards to.
     (rule,) = policy["spec"]["ingress"]
     (peer,) = rule["from"]
     assert set(peer) == {"podSelector"}
     assert matches(peer["podSelector"]["matchLabels"], pod_labels("gateway"))
-    assert rule["ports"] == [{"port": db_port, "protocol": "TCP"}]
+    assert rule["ports"] == [{"port": port, "protocol": "TCP"} for port in db_ports]
 
 
 def test_the_gate_pods_admit_clients_only_on_envoys_port() -> None:
@@ -474,7 +485,8 @@ def test_the_gate_pods_admit_clients_only_on_envoys_port() -> None:
     )
     open_ports = {port["port"] for rule in policy["spec"]["ingress"] for port in rule["ports"]}
     metrics = {p["name"]: p["containerPort"] for p in container("gateway", GATE)["ports"]}
-    assert open_ports == {gate_port, metrics["gate-metrics"]}
+    stats = {p["name"]: p["containerPort"] for p in container("gateway", ENVOY)["ports"]}
+    assert open_ports == {gate_port, metrics["gate-metrics"], stats["envoy-stats"]}
 
 
 # --- One source of truth: what the pods run is what `proxy` generates ----------------------------
@@ -495,7 +507,7 @@ def test_shipped_settings_and_policy_data_load(overlay: str, tmp_path: Path) -> 
 @pytest.mark.envoy
 def test_gateway_envoy_config_is_valid(tmp_path: Path) -> None:
     (config,) = yaml_documents(config_file("gateway", "retrieval-gate-envoy", "envoy.yaml"))
-    done = envoy_validate(config, tmp_path)
+    done = envoy_validate(with_local_secrets(config, tmp_path), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -745,7 +757,7 @@ def test_istio_objects_select_the_gated_pods(overlay: str) -> None:
     labels = pod_labels(overlay)
     for envoy_filter in objects(overlay, "EnvoyFilter"):
         assert matches(envoy_filter["spec"]["workloadSelector"]["labels"], labels)
-    for kind in ("RequestAuthentication", "AuthorizationPolicy"):
+    for kind in ("RequestAuthentication", "AuthorizationPolicy", "PeerAuthentication"):
         for item in objects(overlay, kind):
             assert matches(item["spec"]["selector"]["matchLabels"], labels), kind
 
@@ -767,7 +779,11 @@ def test_request_authentication_agrees_with_the_gate(tmp_path: Path) -> None:
 
 def test_the_ext_authz_provider_is_the_gate_and_fails_closed(tmp_path: Path) -> None:
     settings = pod_settings("istio-ext-authz", tmp_path)
-    (policy,) = objects("istio-ext-authz", "AuthorizationPolicy")
+    (policy,) = [
+        p
+        for p in objects("istio-ext-authz", "AuthorizationPolicy")
+        if p["spec"]["action"] == "CUSTOM"
+    ]
     assert policy["spec"]["action"] == "CUSTOM"
     assert policy["spec"]["rules"] == [{}]  # every request
     grpc = mesh_provider(policy["spec"]["provider"]["name"])["envoyExtAuthzGrpc"]

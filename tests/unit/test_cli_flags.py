@@ -38,6 +38,10 @@ SETTING_FLAGS = {
     *("--allow-plain-http", "--expose-grpc-listen", "--grpc-listen", "--workers"),
     *("--event-loop", "--metrics", "--audit-log", "--audit-store", "--audit-chain-id"),
     "--message-timeout-ms",
+    # Since issue 25: Envoy's caps and the database's credential (`proxy`).
+    *("--max-connections", "--max-heap-bytes", "--max-concurrent-streams"),
+    *("--upstream-credential-file", "--upstream-credential-header"),
+    "--upstream-credential-prefix",
 }
 NEGATIONS = {"--no-allow-plain-http", "--no-expose-grpc-listen", "--no-substitute-superseded"}
 PROXY_ONLY = {
@@ -59,6 +63,11 @@ BASE = [
 COMPANIONS = {
     "policy_engine": ["--opa-url", "http://127.0.0.1:8181"],
     "policy_bundle_public_key": ["--policy-bundle", "bundle.tar.gz"],
+    "upstream_credential_file": ["--upstream-credential-header", "api-key"],
+    "upstream_credential_header": ["--upstream-credential-file", "credential"],
+    "upstream_credential_prefix": [
+        *("--upstream-credential-file", "credential", "--upstream-credential-header", "api-key")
+    ],
 }
 
 
@@ -81,7 +90,8 @@ def sample(spec: Setting) -> tuple[str, Any]:
         member = next(m for m in value_type if m not in taken)
         return member.value, member
     if value_type is int:
-        return "7", 7
+        number = max(7, int(spec.info.minimum or 0))
+        return str(number), number
     if value_type is float:
         return "2.5", 2.5
     if value_type is Path:
@@ -147,6 +157,9 @@ def test_flags_whose_name_is_not_their_key() -> None:
         "--audit-log": "audit.log",
         "--audit-store": "audit.store",
         "--audit-chain-id": "audit.chain_id",
+        "--upstream-credential-file": "upstream.credential_file",
+        "--upstream-credential-header": "upstream.credential_header",
+        "--upstream-credential-prefix": "upstream.credential_prefix",
     }
 
 
