@@ -362,9 +362,10 @@ class PostgresAuditSink:
         segment, offset = self._segment, self._offset
         rows: list[AuditRow] = []
         walk = ChainWalk(seq=self._confirmed, head=self._confirmed_sha256)
+        # Taken before reading: a segment sealed by then is complete, so its end
+        # of file is its end; one sealed later is finished by the next pass.
+        starts = self._spool.segments()
         while len(rows) < count:
-            # Sealed before the read: its end is final, so an end of file is its end.
-            starts = self._spool.segments()
             sealed = segment != starts[-1]
             reader = self._reader_at(segment, offset)
             raw = reader.readline()

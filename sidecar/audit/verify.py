@@ -58,11 +58,16 @@ def verify_segments(paths: Sequence[Path], *, anchored: bool = False) -> ChainRe
 
     From the chain's beginning (seq 1 after GENESIS) unless ``anchored``: then
     from the first record, whatever its seq, trusting its prev_sha256 (the
-    report names both). Records are named ``line N`` for one file read from
-    the beginning, ``FILE line N: seq S`` otherwise.
+    report names both). Records are named ``line N`` in one file, ``FILE line
+    N: seq S`` across several.
     """
-    one_file = len(paths) == 1 and not anchored
-    walk = ChainWalk("line {}".format if one_file else "seq {}".format)
+    one_file = len(paths) == 1
+    before = [0]  # records before the file's first line: its line numbers are seq - this
+
+    def name(seq: int) -> str:
+        return f"line {seq - before[0]}" if one_file else f"seq {seq}"
+
+    walk = ChainWalk(name)
     first: tuple[int, str] | None = None
     for path in paths:
         for number, line in _numbered_lines(path):
@@ -72,6 +77,7 @@ def verify_segments(paths: Sequence[Path], *, anchored: bool = False) -> ChainRe
             if first is None:
                 if anchored:
                     walk.seq, walk.head = _anchor(line)
+                    before[0] = walk.seq
                 first = (walk.seq + 1, walk.head)
             try:
                 walk.follow(line)

@@ -315,3 +315,19 @@ def test_spool_settings_are_checked(tmp_path: Path) -> None:
         load(tmp_path, 'store = "postgresql://db/a"\nretention_seconds = 60\n')
     with pytest.raises(ConfigError, match=r"audit\.segment_size"):
         load(tmp_path, "segment_size = 65536\n")
+
+
+def test_explain_finds_a_decision_in_a_sealed_segment_of_a_pruned_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "decisions.jsonl"
+    sink = JsonlAuditSink(log, SpoolLimits(segment_bytes=4096, max_spool_bytes=3 * 4096))
+    fill(sink, 0, 60)
+    sink.close()
+    first, oldest = sealed_segments(log)[0]
+    assert first > 1
+    decision = orjson.loads(oldest.read_bytes().splitlines()[1])["decision_id"]
+    assert main(["explain", "--audit-log", str(log), decision, "--json"]) == 0
+    report = orjson.loads(capsys.readouterr().out)
+    assert report["audit_log"] == str(oldest) and report["line"] == 2
+    assert report["chain"]["ok"] and report["chain"]["first_seq"] == first
