@@ -136,10 +136,7 @@ class JsonlAuditSink:
         self._lock = threading.Lock()
         self._seq = 0
         self._prev = GENESIS
-        self._sealed = [
-            _Sealed(first, sealed, sealed.stat().st_size, sealed.stat().st_mtime)
-            for first, sealed in sealed_segments(path)
-        ]
+        self._sealed = [_sealed(first, sealed) for first, sealed in sealed_segments(path)]
         if path.exists():
             _set_aside_torn_tail(path)
         tail = last_line(path) if path.exists() else None
@@ -156,11 +153,7 @@ class JsonlAuditSink:
         # cutting the file back to here, not by trusting tell().
         self._end = self._file.seek(0, os.SEEK_END)
         self._torn = False
-        self._active_first = self._seq + 1
-        if self._end:
-            with path.open("rb") as handle:
-                first = first_record(handle)
-            self._active_first = int(first["seq"]) if first is not None else self._seq + 1
+        self._active_first = self._seq + 1 if not self._end else _first_seq(path)
         self._active_since = time.time()
         self._total = self._end + sum(segment.size for segment in self._sealed)
         if not keep_until_shipped:
@@ -214,6 +207,8 @@ class JsonlAuditSink:
     def _rotate(self, now: float) -> None:
         """Seal the active file under its first seq's name and start an empty one."""
         sealed = sealed_path(self.path, self._active_first)
+        if sealed.exists():  # rename would replace it: a copied or hand-edited log
+            raise AuditError(f"{self.path}: cannot rotate: {sealed.name} already exists")
         try:
             os.rename(self.path, sealed)
         except OSError as exc:
@@ -345,6 +340,21 @@ class JsonlAuditSink:
             if not self._file.closed:
                 self._file.close()
                 log.info("audit log closed at seq=%d head_sha256=%s", self._seq, self._prev)
+
+
+def _sealed(first_seq: int, path: Path) -> _Sealed:
+    status = path.stat()
+    return _Sealed(first_seq, path, status.st_size, status.st_mtime)
+
+
+def _first_seq(path: Path) -> int:
+    """The seq of the first record of a non-empty audit file; AuditError if it has none."""
+    with path.open("rb") as handle:
+        record = first_record(handle)
+    seq = record.get("seq") if record is not None else None
+    if not isinstance(seq, int):
+        raise AuditError(f"{path}: first line is not an audit record")
+    return seq
 
 
 def _chain_head(tail: bytes, path: Path) -> tuple[int, str]:

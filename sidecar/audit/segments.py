@@ -112,22 +112,14 @@ def first_record(handle: BinaryIO) -> dict[str, Any] | None:
     return record
 
 
-def offset_after(path: Path, seq: int) -> tuple[int, dict[str, Any] | None]:
-    """Where the record after ``seq`` starts in a JSON Lines audit file, and record ``seq``.
-
-    ``seq`` 0 is the start of the file (and no record). Reads from the end, so
-    finding a recent ``seq`` costs only the lines after it, and safe while
-    another thread appends. Raises AuditError when the file holds no record
-    ``seq`` or a line cannot be parsed.
-    """
-    if seq == 0:
-        return 0, None
-    with path.open("rb") as handle:
-        return offset_in(handle, seq)
-
-
 def offset_in(handle: BinaryIO, seq: int) -> tuple[int, dict[str, Any]]:
-    """:func:`offset_after` on an open segment, for a ``seq`` > 0."""
+    """Where the record after ``seq`` (> 0) starts in an open audit file, and record ``seq``.
+
+    Reads from the end, so finding a recent ``seq`` costs only the lines after
+    it, and safe while another thread appends (a line without its newline is
+    skipped). Raises AuditError when the file holds no record ``seq`` or a
+    line cannot be parsed.
+    """
     for start, line in lines_from_end(handle, terminated_only=True):
         try:
             record = orjson.loads(line)

@@ -11,11 +11,19 @@ import pytest
 
 from sidecar.audit.chain import GENESIS, BrokenChain, ChainWalk, link, record_digest
 from sidecar.audit.jsonl import JsonlAuditSink
-from sidecar.audit.segments import offset_after
+from sidecar.audit.segments import offset_in
 from sidecar.audit.sink import AuditError
 from sidecar.audit.verify import verify_chain
 from sidecar.cli import main
 from sidecar.cli.audit import add_verify_arguments, verify
+
+
+def offset_after(path: Path, seq: int) -> tuple[int, dict[str, object] | None]:
+    """Where the record after ``seq`` starts in ``path``, and record ``seq`` (0: the start)."""
+    if seq == 0:
+        return 0, None
+    with path.open("rb") as handle:
+        return offset_in(handle, seq)
 
 
 def write(path: Path, n: int) -> None:
