@@ -334,19 +334,16 @@ class AuditSettings(Group, group="audit"):
     # shipped or expired records can be deleted a segment at a time.
     segment_bytes: int = setting(
         16 * 1024 * 1024,
-        name="audit_segment_bytes",
         minimum=4096,
         help="rotate the audit log into a sealed segment before it grows past this size",
     )
     segment_seconds: float = setting(
         3600.0,
-        name="audit_segment_seconds",
         minimum=1,
         help="rotate the audit log at its first write this long after its segment started",
     )
     max_spool_bytes: int = setting(
         0,
-        name="audit_max_spool_bytes",
         minimum=0,
         help="bound on all segments together, at least 2 x audit.segment_bytes (0: none); "
         "without audit.store the oldest segments are deleted to stay under it, with "
@@ -354,7 +351,6 @@ class AuditSettings(Group, group="audit"):
     )
     retention_seconds: float = setting(
         0.0,
-        name="audit_retention_seconds",
         minimum=0,
         help="without audit.store: delete sealed segments whose last record is older "
         "(0: keep them)",

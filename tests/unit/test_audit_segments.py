@@ -16,6 +16,9 @@ from sidecar.audit.sink import AuditError
 from sidecar.audit.verify import verify_chain, verify_segments
 from sidecar.cli import main
 from sidecar.config import ConfigError, load_settings
+from sidecar.metrics import GateMetrics
+from sidecar.runtime.server import build_audit
+from tests.fixtures.settings import settings_of
 
 SMALL = SpoolLimits(segment_bytes=4096)
 
@@ -331,3 +334,24 @@ def test_explain_finds_a_decision_in_a_sealed_segment_of_a_pruned_log(
     report = orjson.loads(capsys.readouterr().out)
     assert report["audit_log"] == str(oldest) and report["line"] == 2
     assert report["chain"]["ok"] and report["chain"]["first_seq"] == first
+
+
+def test_the_server_reports_the_spool_in_its_metrics(tmp_path: Path) -> None:
+    metrics = GateMetrics()
+    settings = settings_of(
+        audit_log=tmp_path / "decisions.jsonl", segment_bytes=4096, max_spool_bytes=3 * 4096
+    )
+    sink = build_audit(settings, metrics)
+    for i in range(100):
+        sink.write(record(i))
+    sink.close()
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert sample("retrieval_gate_audit_spool_limit_bytes") == 3 * 4096
+    assert sample("retrieval_gate_audit_spool_bytes") == spool_size(tmp_path / "decisions.jsonl")
+    assert sample("retrieval_gate_audit_oldest_unshipped_timestamp_seconds") == 0
+    assert sample("retrieval_gate_audit_segments_deleted_total", reason="shipped") == 0
+    deleted = sample("retrieval_gate_audit_segments_deleted_total", reason="retention")
+    assert deleted is not None and deleted > 0
