@@ -78,9 +78,12 @@ def verify(args: argparse.Namespace) -> int:
         if not found:
             return _usage(f"no such audit log: {path}")
         files.extend(found)
-    files = in_chain_order(files)
-    if store is None:
-        return _print_reports([verify_segments(files, anchored=args.anchored)])
+    try:
+        files = in_chain_order(files)
+        if store is None:
+            return _print_reports([verify_segments(files, anchored=args.anchored)])
+    except OSError as exc:
+        return _unreadable(exc)
     try:
         url = parse_postgres_url(store)
     except ValueError as exc:  # the message carries the URL redacted
@@ -91,6 +94,8 @@ def verify(args: argparse.Namespace) -> int:
             reports = [verify_store_and_segments(url.url, chain, files)]
         else:
             reports = verify_postgres_chain(url.url, chain)
+    except OSError as exc:
+        return _unreadable(exc)
     except psycopg.Error as exc:
         print(
             f"error: cannot read audit records from {url.redacted}: "
@@ -126,6 +131,16 @@ def _print_reports(reports: list[ChainReport]) -> int:
                 file=sys.stderr,
             )
     return ExitCode.OK if all(report.ok for report in reports) else ExitCode.FAILED
+
+
+def _unreadable(exc: OSError) -> int:
+    # A running gate deletes shipped or expired segments, possibly between listing and reading.
+    print(
+        f"error: cannot read {exc.filename}: {exc.strerror} (a running gate deletes "
+        "segments once shipped or expired: list the files again)",
+        file=sys.stderr,
+    )
+    return ExitCode.FAILED
 
 
 def _usage(message: str) -> int:

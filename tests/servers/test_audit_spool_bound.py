@@ -4,6 +4,7 @@ table and the segments that remain (`audit verify --store URL --chain ID FILE`).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -80,7 +81,11 @@ def table_seqs(dsn: str, chain_id: str) -> list[int]:
 
 
 def spool_bytes(spool: Path) -> int:
-    return sum(path.stat().st_size for path in log_files(spool))
+    total = 0
+    for path in log_files(spool):
+        with contextlib.suppress(FileNotFoundError):  # the shipper deletes as we look
+            total += path.stat().st_size
+    return total
 
 
 def sample(metrics: GateMetrics, name: str, **labels: str) -> float:

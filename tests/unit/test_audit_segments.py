@@ -355,3 +355,14 @@ def test_the_server_reports_the_spool_in_its_metrics(tmp_path: Path) -> None:
     assert sample("retrieval_gate_audit_segments_deleted_total", reason="shipped") == 0
     deleted = sample("retrieval_gate_audit_segments_deleted_total", reason="retention")
     assert deleted is not None and deleted > 0
+
+
+def test_a_segment_deleted_while_verifying_is_an_error_not_a_crash(
+    segmented: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def deleted(*_: object, **__: object) -> None:
+        raise FileNotFoundError(2, "No such file or directory", "gone.jsonl")
+
+    monkeypatch.setattr("sidecar.cli.audit.verify_segments", deleted)
+    assert main(["audit", "verify", str(segmented)]) == 1
+    assert "cannot read gone.jsonl: No such file or directory" in capsys.readouterr().err
