@@ -130,7 +130,7 @@ class JsonlAuditSink:
         observer: SpoolObserver | None = None,
     ) -> None:
         self.path = path
-        self.limits = limits or SpoolLimits()
+        self._limits = limits or SpoolLimits()
         self._keep_until_shipped = keep_until_shipped
         self._observer = observer
         self._lock = threading.Lock()
@@ -175,8 +175,8 @@ class JsonlAuditSink:
                 self._undo_fragment()
             now = time.time()
             if self._end and (
-                self._end + len(data) > self.limits.segment_bytes
-                or now - self._active_since >= self.limits.segment_seconds
+                self._end + len(data) > self._limits.segment_bytes
+                or now - self._active_since >= self._limits.segment_seconds
             ):
                 self._rotate(now)
             if not self._keep_until_shipped:
@@ -229,7 +229,7 @@ class JsonlAuditSink:
 
     def _make_room(self, size: int) -> None:
         """Keep the spool under its bound with ``size`` more bytes, or raise AuditError."""
-        bound = self.limits.max_spool_bytes
+        bound = self._limits.max_spool_bytes
         while bound and self._total + size > bound:
             if self._keep_until_shipped:
                 raise AuditError(
@@ -247,7 +247,7 @@ class JsonlAuditSink:
 
     def _expire(self, now: float) -> None:
         """Delete sealed segments older than ``retention_seconds`` (the log alone)."""
-        keep = self.limits.retention_seconds
+        keep = self._limits.retention_seconds
         while keep and self._deletable() and self._sealed[0].sealed_at < now - keep:
             self._delete_oldest(RETENTION)
 

@@ -194,11 +194,6 @@ class PostgresAuditSink:
         return self._oldest_unshipped
 
     @property
-    def spool(self) -> JsonlAuditSink:
-        """The local spool (its segments, size and head)."""
-        return self._spool
-
-    @property
     def batches_shipped(self) -> int:
         """INSERT statements committed so far (one per batch)."""
         return self._batches

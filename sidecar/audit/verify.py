@@ -62,10 +62,10 @@ def verify_segments(paths: Sequence[Path], *, anchored: bool = False) -> ChainRe
     N: seq S`` across several.
     """
     one_file = len(paths) == 1
-    before = [0]  # records before the file's first line: its line numbers are seq - this
+    skipped = 0  # records before the first line read (anchored): a line's number is seq - this
 
     def name(seq: int) -> str:
-        return f"line {seq - before[0]}" if one_file else f"seq {seq}"
+        return f"line {seq - skipped}" if one_file else f"seq {seq}"
 
     walk = ChainWalk(name)
     first: tuple[int, str] | None = None
@@ -76,14 +76,14 @@ def verify_segments(paths: Sequence[Path], *, anchored: bool = False) -> ChainRe
                 return _broken(walk, first, f"{where}: empty line inside the chain")
             if first is None:
                 if anchored:
-                    walk.seq, walk.head = _anchor(line)
-                    before[0] = walk.seq
+                    walk.seq, walk.head = _claimed_link(line)
+                    skipped = walk.seq
                 first = (walk.seq + 1, walk.head)
             try:
                 walk.follow(line)
             except BrokenChain as exc:
                 problem = str(exc) if one_file else f"{where}: {exc}"
-                if not anchored and walk.seq == 0 and _anchor(line)[0] > 0:
+                if not anchored and walk.seq == 0 and _claimed_link(line)[0] > 0:
                     problem += _ANCHOR_HINT
                 return _broken(walk, first, problem)
     first_seq, anchor = first or (1, GENESIS)
@@ -92,10 +92,11 @@ def verify_segments(paths: Sequence[Path], *, anchored: bool = False) -> ChainRe
     )
 
 
-def _anchor(line: bytes) -> tuple[int, str]:
-    """(seq before, prev_sha256) of the record on ``line``, where an anchored walk starts.
+def _claimed_link(line: bytes) -> tuple[int, str]:
+    """The link the record on ``line`` claims: the seq before its own, and its prev_sha256.
 
-    A line that does not say starts the walk at the beginning, which reports it.
+    Where an anchored walk starts. (0, GENESIS) for a line that does not say,
+    which starts the walk at the beginning, where the line is reported.
     """
     try:
         record = orjson.loads(line)
@@ -241,7 +242,7 @@ def verify_store_and_segments(dsn: str, chain_id: str, paths: Sequence[Path]) ->
     for path in paths:
         for number, line in _numbered_lines(path):
             where = f"{path.name} line {number}"
-            seq = _anchor(line)[0] + 1 if line else 0  # the seq the line claims; 0: none
+            seq = _claimed_link(line)[0] + 1 if line else 0  # the seq the line claims; 0: none
             problem: str | None = None
             if not line:
                 problem = f"{where}: empty line inside the chain"
@@ -272,5 +273,5 @@ def _first_seq(paths: Sequence[Path]) -> int | None:
     """The seq of the first record of the first file (None: no record to read)."""
     for path in paths:
         for _, line in _numbered_lines(path):
-            return _anchor(line)[0] + 1 if line else None
+            return _claimed_link(line)[0] + 1 if line else None
     return None
