@@ -196,6 +196,36 @@ class GateMetrics:
             # With several workers: 1 only while every live worker serves.
             multiprocess_mode="livemin",
         )
+        self.audit_spool_bytes = Gauge(
+            "retrieval_gate_audit_spool_bytes",
+            "Bytes in all segments of the local audit log (the spool, with a PostgreSQL "
+            "audit store).",
+            registry=r,
+            # With several workers: each writes its own log; their sizes added up.
+            multiprocess_mode="livesum",
+        )
+        self.audit_spool_limit_bytes = Gauge(
+            "retrieval_gate_audit_spool_limit_bytes",
+            "audit.max_spool_bytes, the bound on the audit log's segments (0: none).",
+            registry=r,
+            # Per worker, like the spool: added up, comparable with the spool's bytes.
+            multiprocess_mode="livesum",
+        )
+        self.audit_oldest_unshipped = Gauge(
+            "retrieval_gate_audit_oldest_unshipped_timestamp_seconds",
+            "Unix time of the oldest spooled audit record not yet confirmed in PostgreSQL "
+            "(0: none).",
+            registry=r,
+            # With several workers: one series per worker (pid); 0 must not hide another's.
+            multiprocess_mode="liveall",
+        )
+        self.audit_segments_deleted = counter(
+            "retrieval_gate_audit_segments_deleted",
+            "Sealed audit log segments deleted, by reason: shipped (PostgreSQL was read back "
+            "to hold every record), retention (audit.max_spool_bytes or "
+            "audit.retention_seconds without a store: their records are gone).",
+            ("reason",),
+        )
         self.policy_info = Gauge(
             "retrieval_gate_policy_info",
             "1 for the policy revision decisions are made with (a policy_bundle's revision; "
@@ -289,6 +319,18 @@ class GateMetrics:
         if child is None:
             child = self._response_children[key] = self.responses.labels(*key)
         child.inc()
+
+    def preset_segment_deletions(self, reasons: Iterable[str]) -> None:
+        """Create ``retrieval_gate_audit_segments_deleted_total`` at 0 for each reason."""
+        for reason in reasons:
+            self.audit_segments_deleted.labels(reason)
+
+    # SpoolObserver protocol (sidecar.audit.jsonl): keeps the audit log free of Prometheus.
+    def spool_size(self, total_bytes: int) -> None:
+        self.audit_spool_bytes.set(total_bytes)
+
+    def segment_deleted(self, reason: str) -> None:
+        self.audit_segments_deleted.labels(reason).inc()
 
     # CacheObserver protocol (sidecar.store.cache): keeps the cache free of Prometheus.
     def hit(self, n: int) -> None:

@@ -11,28 +11,37 @@ PostgreSQL never stall the event loop that answers Envoy.
 
 Resume needs no local bookkeeping: after every (re)connect the shipper reads
 the chain's highest ``seq`` from PostgreSQL and continues from the spool line
-after it, so records written before a crash, or while PostgreSQL was down, are
-shipped, and none twice. The spool stays the first copy; it is never truncated
-by the sink. Lines are checked as a chain before they are shipped, so a
-damaged spool is reported, not copied.
+after it, in whichever segment it is, so records written before a crash, or
+while PostgreSQL was down, are shipped, and none twice. Lines are checked as a
+chain before they are shipped, so a damaged spool is reported, not copied.
+
+The spool is bounded (``sidecar.audit.jsonl``): a sealed segment is deleted
+once PostgreSQL is read back to hold every one of its records (their count,
+and the last one's sha256), oldest first, never the active file. Records
+PostgreSQL has not confirmed are never deleted: when they fill the bound,
+writes are refused until shipping resumes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import orjson
 import psycopg
 
 from sidecar.audit.chain import GENESIS, BrokenChain, ChainWalk
-from sidecar.audit.jsonl import JsonlAuditSink, offset_after
+from sidecar.audit.jsonl import JsonlAuditSink, SpoolLimits, SpoolObserver
 from sidecar.audit.postgres_schema import CONNECT_TIMEOUT_SECONDS, AuditRow, ensure_schema
+from sidecar.audit.segments import first_record, last_line, offset_in, sealed_path
 from sidecar.audit.sink import AuditError
 from sidecar.postgres.dsn import parse_postgres_url
 
@@ -45,6 +54,12 @@ SELECT %s::text, * FROM unnest(
 )
 ON CONFLICT (chain_id, seq) DO NOTHING
 RETURNING seq
+"""
+
+# How many of a segment's seqs the table holds, and the sha256 it holds for the last one.
+_CONFIRM_SQL = """
+SELECT count(*), max(sha256) FILTER (WHERE seq = %(last)s)
+FROM audit_records WHERE chain_id = %(chain)s AND seq BETWEEN %(first)s AND %(last)s
 """
 
 _FIRST_RETRY_SECONDS = 0.2
@@ -104,11 +119,12 @@ class PostgresAuditSink:
 
     ``write`` never touches the network, so it neither waits for nor fails
     because of PostgreSQL; records wait in the spool (``backlog``) until they
-    can be shipped. Call ``start`` to run the shipper and ``close`` to ship
-    what is left (for at most ``stop_timeout`` seconds; the rest is shipped
-    by the next start). A shipper that finds the spool and the table
-    disagree stops and says so in ``failure`` and the log: continuing would
-    hide tampering or two sidecars sharing one chain id.
+    can be shipped, and fail only when the spool cannot take them (its bound
+    reached while PostgreSQL is away, a full disk). Call ``start`` to run the
+    shipper and ``close`` to ship what is left (for at most ``stop_timeout``
+    seconds; the rest is shipped by the next start). A shipper that finds the
+    spool and the table disagree stops and says so in ``failure`` and the
+    log: continuing would hide tampering or two sidecars sharing one chain id.
 
     ``dsn`` is a ``postgresql://`` URL (ValueError, password redacted, when
     malformed); it is only ever shown redacted. ``on_backlog`` is called from
@@ -123,6 +139,8 @@ class PostgresAuditSink:
         dsn: str,
         *,
         chain_id: str | None = None,
+        limits: SpoolLimits | None = None,
+        observer: SpoolObserver | None = None,
         batch_size: int = 500,
         flush_interval: float = 0.2,
         stop_timeout: float = 5.0,
@@ -131,7 +149,7 @@ class PostgresAuditSink:
         if batch_size < 1 or flush_interval <= 0 or stop_timeout < 0:
             raise ValueError("batch_size and flush_interval must be positive, stop_timeout >= 0")
         self._url = parse_postgres_url(dsn)
-        self._spool = JsonlAuditSink(spool)
+        self._spool = JsonlAuditSink(spool, limits, keep_until_shipped=True, observer=observer)
         self.chain_id = chain_id or default_chain_id(spool)
         self._batch_size = batch_size
         self._flush_interval = flush_interval
@@ -144,14 +162,20 @@ class PostgresAuditSink:
         # Shipper state: touched only by the shipper thread, read elsewhere.
         self._connection: psycopg.Connection[Any] | None = None
         self._reader: BinaryIO | None = None
-        self._offset = 0  # spool byte offset of the first record not yet confirmed
-        self._confirmed = 0  # highest seq known to be in PostgreSQL
+        self._reader_segment = 0  # the segment ``_reader`` reads
+        # The first record not yet confirmed: its segment (by first seq) and offset in it.
+        # Records of deleted segments were all confirmed, so the oldest segment is the start.
+        self._segment = self._spool.segments()[0]
+        self._offset = 0
+        self._confirmed = self._segment - 1  # highest seq known to be in PostgreSQL
         self._confirmed_sha256 = GENESIS
+        self._oldest: tuple[tuple[int, int], float] | None = None  # (position, its record's time)
+        self._oldest_unshipped = 0.0
         self._batches = 0
         self._failure: str | None = None
 
     def write(self, record: Mapping[str, Any]) -> None:
-        """Append to the spool; raises AuditError only if the spool cannot be written."""
+        """Append to the spool; raises AuditError only if the spool cannot take it."""
         self._spool.write(record)
         if self.backlog >= self._batch_size:
             self._wake.set()
@@ -160,6 +184,14 @@ class PostgresAuditSink:
     def backlog(self) -> int:
         """Spooled records not yet confirmed in PostgreSQL."""
         return self._spool.head[0] - self._confirmed
+
+    @property
+    def oldest_unshipped(self) -> float:
+        """Unix time of the oldest spooled record not yet confirmed in PostgreSQL; 0: none.
+
+        Updated by the shipper after every pass.
+        """
+        return self._oldest_unshipped
 
     @property
     def batches_shipped(self) -> int:
@@ -236,22 +268,22 @@ class PostgresAuditSink:
                 break
         self._report_backlog()
         self._disconnect()
-        if self._reader is not None:
-            self._reader.close()
+        self._close_reader()
 
     def _ship(self, *, partial: bool) -> None:
         connection = self._connection or self._connect()
         while time.monotonic() < self._deadline:
             available = self.backlog
             if available == 0 or (available < self._batch_size and not partial):
-                return
-            rows, end = self._read(min(available, self._batch_size))
+                break
+            rows, (segment, offset) = self._read(min(available, self._batch_size))
             if not rows:
-                return
+                break
             ship_batch(connection, self.chain_id, rows)
             self._batches += 1
-            self._offset, self._confirmed = end, rows[-1].seq
-            self._confirmed_sha256 = rows[-1].sha256
+            self._segment, self._offset = segment, offset
+            self._confirmed, self._confirmed_sha256 = rows[-1].seq, rows[-1].sha256
+        self._delete_shipped(connection)
 
     def _connect(self) -> psycopg.Connection[Any]:
         """Connect and find where to resume: after the chain's last row in PostgreSQL."""
@@ -276,8 +308,8 @@ class PostgresAuditSink:
                     f"{self._spool.path} ends at seq {spooled}: the spool was replaced, "
                     "or another sidecar uses this chain id"
                 )
-            offset, record = offset_after(self._spool.path, seq)
-            if record is not None and record.get("sha256") != sha256:
+            segment, offset, spooled_sha256 = self._locate(seq)
+            if spooled_sha256 != sha256:
                 raise AuditChainConflict(
                     f"chain {self.chain_id}: seq {seq} in PostgreSQL differs from the spool "
                     f"{self._spool.path}: another sidecar uses this chain id, or one copy "
@@ -287,40 +319,125 @@ class PostgresAuditSink:
             connection.close()
             raise
         self._connection = connection
-        self._offset, self._confirmed, self._confirmed_sha256 = offset, seq, sha256
+        self._segment, self._offset = segment, offset
+        self._confirmed, self._confirmed_sha256 = seq, sha256
         return connection
 
-    def _read(self, count: int) -> tuple[list[AuditRow], int]:
+    def _locate(self, seq: int) -> tuple[int, int, str]:
+        """Where the record after ``seq`` starts (segment, offset), and the sha256 the
+        spool holds for record ``seq`` (GENESIS for 0)."""
+        starts = self._spool.segments()
+        segment = max((first for first in starts if first <= seq + 1), default=None)
+        if segment is None:
+            raise AuditChainConflict(
+                f"chain {self.chain_id}: PostgreSQL ends at seq {seq} but the spool "
+                f"{self._spool.path} starts at seq {starts[0]}: the records between are in "
+                "neither (deleted by retention before shipping was configured, or the spool "
+                "belongs to another chain)"
+            )
+        with self._spool.open_segment(segment) as handle:
+            if seq >= segment:
+                offset, record = offset_in(handle, seq)
+                return segment, offset, str(record.get("sha256"))
+            if seq == 0:
+                return segment, 0, GENESIS
+            # ``seq`` is the last record of the segment before, which may be deleted:
+            # the link to it is the first record's prev_sha256.
+            first = first_record(handle)
+        if first is None:  # the empty active file: ``seq`` is the spool's head
+            return segment, 0, self._spool.head[1]
+        return segment, 0, str(first.get("prev_sha256"))
+
+    def _read(self, count: int) -> tuple[list[AuditRow], tuple[int, int]]:
         """Up to ``count`` spool records after the confirmed ones, checked as a chain.
 
-        Returns them and the spool offset after the last one.
+        Returns them and the position (segment, offset) after the last one.
+        Crosses into the next segment at the end of a sealed one.
         """
-        if self._reader is None:
-            self._reader = self._spool.path.open("rb")
-        self._reader.seek(self._offset)
+        segment, offset = self._segment, self._offset
         rows: list[AuditRow] = []
         walk = ChainWalk(seq=self._confirmed, head=self._confirmed_sha256)
-        end = self._offset
-        for _ in range(count):
-            raw = self._reader.readline()
+        # Taken before reading: a segment sealed by then is complete, so its end
+        # of file is its end; one sealed later is finished by the next pass.
+        starts = self._spool.segments()
+        while len(rows) < count:
+            sealed = segment != starts[-1]
+            reader = self._reader_at(segment, offset)
+            raw = reader.readline()
             if not raw.endswith(b"\n"):
-                break  # still being written: the next pass takes it
+                if raw and sealed:
+                    raise AuditError(f"{reader.name}: unterminated line in a sealed segment")
+                if not sealed:
+                    break  # still being written: the next pass takes it
+                segment, offset = starts[starts.index(segment) + 1], 0
+                continue
             line = raw[:-1]
             try:
                 # Checked here so that a damaged spool is reported, not copied.
                 record = walk.follow(line)
             except BrokenChain as exc:
-                raise AuditError(f"{self._spool.path}: {exc}") from None
+                raise AuditError(f"{reader.name}: {exc}") from None
             rows.append(AuditRow.from_record(record, line.decode()))
-            end += len(raw)
-        return rows, end
+            offset += len(raw)
+        return rows, (segment, offset)
+
+    def _reader_at(self, segment: int, offset: int) -> BinaryIO:
+        if self._reader is None or self._reader_segment != segment:
+            self._close_reader()
+            self._reader = self._spool.open_segment(segment)
+            self._reader_segment = segment
+        self._reader.seek(offset)
+        return self._reader
+
+    def _delete_shipped(self, connection: psycopg.Connection[Any]) -> None:
+        """Delete the sealed segments whose records PostgreSQL is read back to hold."""
+        starts = self._spool.segments()
+        for first, following in itertools.pairwise(starts):
+            last = following - 1
+            if last > self._confirmed:
+                return
+            path = sealed_path(self._spool.path, first)
+            tail = last_line(path)
+            expected = orjson.loads(tail)["sha256"] if tail is not None else None
+            stored = connection.execute(
+                _CONFIRM_SQL, {"chain": self.chain_id, "first": first, "last": last}
+            ).fetchone()
+            connection.commit()
+            if stored is None or stored[0] != last - first + 1 or stored[1] != expected:
+                raise AuditChainConflict(
+                    f"chain {self.chain_id}: PostgreSQL does not hold every record of "
+                    f"{path.name} (seq {first}-{last}) as spooled; the segment is kept"
+                )
+            if not self._spool.delete_shipped(first):
+                return
+
+    def _close_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     def _disconnect(self) -> None:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
 
+    def _find_oldest_unshipped(self) -> float:
+        """The time of the first record not confirmed, read once per position."""
+        if self.backlog <= 0:
+            return 0.0
+        position = (self._segment, self._offset)
+        if self._oldest is not None and self._oldest[0] == position:
+            return self._oldest[1]
+        try:
+            raw = self._reader_at(*position).readline()
+            at = datetime.fromisoformat(orjson.loads(raw)["time"]).timestamp()
+        except (AuditError, OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            return time.time()  # being written, or unreadable (shipping reports that)
+        self._oldest = (position, at)
+        return at
+
     def _report_backlog(self) -> None:
+        self._oldest_unshipped = self._find_oldest_unshipped()
         if self._on_backlog is None:
             return
         try:

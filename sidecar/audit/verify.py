@@ -1,18 +1,27 @@
-"""Verifying an audit chain: a JSON Lines file, or the chains in PostgreSQL.
+"""Verifying an audit chain: JSON Lines files (a log's segments), the chains in
+PostgreSQL, or one chain across its table rows and its remaining segments.
 
-Both verifiers check links with ``sidecar.audit.chain.ChainWalk``, the same
+Every verifier checks links with ``sidecar.audit.chain.ChainWalk``, the same
 check the PostgreSQL shipper applies to its spool; what each adds is only what
 its storage can get wrong on its own (an empty line in a file; a missing seq
-or columns that disagree with the stored line in a table).
+or columns that disagree with the stored line in a table; a file's record
+that differs from the table's at the same seq).
+
+Segments deleted by retention take the chain's beginning with them: the first
+remaining record then links to a record no one can show. Verifying from there
+is *anchored*: the report says at which seq it starts and which prev_sha256
+it takes on trust (``first_seq``, ``anchor_sha256``); only an external copy of
+that digest (the table, a logged head) proves nothing before it was changed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 
 from sidecar.audit.chain import GENESIS, BrokenChain, ChainWalk
@@ -29,20 +38,93 @@ class ChainReport:
     head_sha256: str  # the digest of the last intact record
     problem: str | None = None  # names the first broken or missing link
     chain_id: str | None = None  # set for chains read from a shared store
+    first_seq: int = 1  # the first record verified
+    # The prev_sha256 of that record: GENESIS, or an anchor taken on trust.
+    anchor_sha256: str = GENESIS
+
+    @property
+    def anchored(self) -> bool:
+        """Whether verification started after the chain's beginning."""
+        return self.first_seq != 1 or self.anchor_sha256 != GENESIS
 
 
 def verify_chain(path: Path) -> ChainReport:
-    """Check every link of a JSON Lines audit log."""
-    walk = ChainWalk("line {}".format)
-    for number, line in _numbered_lines(path):
-        if not line:
-            problem = f"line {number}: empty line inside the chain"
-            return ChainReport(False, walk.seq, walk.head, problem)
-        try:
-            walk.follow(line)
-        except BrokenChain as exc:
-            return ChainReport(False, walk.seq, walk.head, str(exc))
-    return ChainReport(True, walk.seq, walk.head)
+    """Check every link of one JSON Lines audit file, from the chain's beginning."""
+    return verify_segments([path])
+
+
+def verify_segments(paths: Sequence[Path], *, anchored: bool = False) -> ChainReport:
+    """Check every link of audit files given in chain order, as one chain.
+
+    From the chain's beginning (seq 1 after GENESIS) unless ``anchored``: then
+    from the first record, whatever its seq, trusting its prev_sha256 (the
+    report names both). Records are named ``line N`` in one file, ``FILE line
+    N: seq S`` across several.
+    """
+    one_file = len(paths) == 1
+    skipped = 0  # records before the first line read (anchored): a line's number is seq - this
+
+    def name(seq: int) -> str:
+        return f"line {seq - skipped}" if one_file else f"seq {seq}"
+
+    walk = ChainWalk(name)
+    first: tuple[int, str] | None = None
+    for path in paths:
+        for number, line in _numbered_lines(path):
+            where = f"line {number}" if one_file else f"{path.name} line {number}"
+            if not line:
+                return _broken(walk, first, f"{where}: empty line inside the chain")
+            if first is None:
+                if anchored:
+                    walk.seq, walk.head = _claimed_link(line)
+                    skipped = walk.seq
+                first = (walk.seq + 1, walk.head)
+            try:
+                walk.follow(line)
+            except BrokenChain as exc:
+                problem = str(exc) if one_file else f"{where}: {exc}"
+                if not anchored and walk.seq == 0 and _claimed_link(line)[0] > 0:
+                    problem += _ANCHOR_HINT
+                return _broken(walk, first, problem)
+    first_seq, anchor = first or (1, GENESIS)
+    return ChainReport(
+        True, walk.seq - first_seq + 1, walk.head, first_seq=first_seq, anchor_sha256=anchor
+    )
+
+
+def _claimed_link(line: bytes) -> tuple[int, str]:
+    """The link the record on ``line`` claims: the seq before its own, and its prev_sha256.
+
+    Where an anchored walk starts. (0, GENESIS) for a line that does not say,
+    which starts the walk at the beginning, where the line is reported.
+    """
+    try:
+        record = orjson.loads(line)
+        seq, prev = int(record["seq"]), record["prev_sha256"]
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return 0, GENESIS
+    if seq < 1 or not isinstance(prev, str):
+        return 0, GENESIS
+    return seq - 1, prev
+
+
+# A log whose first segments were deleted starts after seq 1: say how to verify it.
+_ANCHOR_HINT = (
+    "; if earlier segments were deleted (retention, or after shipping), "
+    "verify with --anchored, or together with the table (--store, --chain)"
+)
+
+
+def _broken(walk: ChainWalk, first: tuple[int, str] | None, problem: str) -> ChainReport:
+    first_seq, anchor = first or (walk.seq + 1, walk.head)
+    return ChainReport(
+        False,
+        walk.seq - first_seq + 1,
+        walk.head,
+        problem,
+        first_seq=first_seq,
+        anchor_sha256=anchor,
+    )
 
 
 def _numbered_lines(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -131,3 +213,65 @@ def verify_postgres_chain(dsn: str, chain_id: str | None = None) -> list[ChainRe
     if chain_id is not None and chain_id not in chains:
         return [ChainReport(False, 0, GENESIS, "no records for this chain", chain_id=chain_id)]
     return [table_chain.report() for table_chain in chains.values()]
+
+
+def verify_store_and_segments(dsn: str, chain_id: str, paths: Sequence[Path]) -> ChainReport:
+    """Check one chain across its rows in ``audit_records`` and its audit files.
+
+    The table is verified from the beginning as by ``verify_postgres_chain``;
+    the files (in chain order) then continue it: a file record at a seq the
+    table holds must be the table's record byte for byte, and the records
+    after the table's last one must link on from it with no seq missing, in
+    the table or the files. Raises like ``verify_postgres_chain``.
+    """
+    url = parse_postgres_url(dsn)
+    start = _first_seq(paths)
+    table = _TableChain(chain_id)
+    overlap: dict[int, str] = {}  # the table's lines at seqs the files also hold
+    with psycopg.connect(url.url, connect_timeout=CONNECT_TIMEOUT_SECONDS) as connection:
+        for _, row in _stored_rows(connection, chain_id):
+            table.add(row)
+            if start is not None and row.seq >= start:
+                overlap[row.seq] = row.line
+    stored = table.report()
+    if not stored.ok:
+        return stored
+    held = stored.records  # the table holds seq 1..held
+    walk = ChainWalk(seq=held, head=stored.head_sha256)
+    previous: int | None = None  # the seq of the file record before
+    for path in paths:
+        for number, line in _numbered_lines(path):
+            where = f"{path.name} line {number}"
+            seq = _claimed_link(line)[0] + 1 if line else 0  # the seq the line claims; 0: none
+            problem: str | None = None
+            if not line:
+                problem = f"{where}: empty line inside the chain"
+            elif previous is not None and seq and seq != previous + 1:
+                problem = (
+                    f"{where}: seq is {seq}, expected {previous + 1} (records removed or reordered)"
+                )
+            elif 0 < seq <= held:
+                if overlap.get(seq) != line.decode(errors="replace"):
+                    problem = f"{where}: seq {seq} differs from the table's record (edited)"
+            elif previous is None and seq > held + 1:
+                problem = (
+                    f"seq {held + 1}-{seq - 1}: in neither the table nor the files "
+                    f"(the table ends at seq {held}, {path.name} starts at seq {seq})"
+                )
+            else:
+                try:
+                    walk.follow(line)
+                except BrokenChain as exc:
+                    problem = f"{where}: {exc}"
+            if problem is not None:
+                return ChainReport(False, walk.seq, walk.head, problem, chain_id=chain_id)
+            previous = seq
+    return ChainReport(True, walk.seq, walk.head, chain_id=chain_id)
+
+
+def _first_seq(paths: Sequence[Path]) -> int | None:
+    """The seq of the first record of the first file (None: no record to read)."""
+    for path in paths:
+        for _, line in _numbered_lines(path):
+            return _claimed_link(line)[0] + 1 if line else None
+    return None

@@ -1,4 +1,4 @@
-"""`retrieval-gate audit verify`: check the hash chain of a JSON Lines log or of PostgreSQL."""
+"""`retrieval-gate audit verify`: check the hash chain of audit files, of PostgreSQL, or both."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ from pathlib import Path
 
 import psycopg
 
-from sidecar.audit.verify import ChainReport, verify_chain, verify_postgres_chain
+from sidecar.audit.segments import in_chain_order, log_files
+from sidecar.audit.verify import (
+    ChainReport,
+    verify_postgres_chain,
+    verify_segments,
+    verify_store_and_segments,
+)
 from sidecar.cli.exit_codes import ExitCode
 from sidecar.postgres.dsn import parse_postgres_url
 
@@ -23,37 +29,73 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments ``verify`` reads: FILE, or --store URL [--chain ID]."""
-    parser.add_argument("file", type=Path, nargs="?", help="JSON Lines audit log")
+    """The arguments ``verify`` reads: FILE..., --store URL [--chain ID], --anchored."""
     parser.add_argument(
-        "--store", help="PostgreSQL URL of the audit_records table, instead of FILE"
+        "files",
+        type=Path,
+        nargs="*",
+        metavar="FILE",
+        help="audit files: the audit.log path (its sealed segments beside it are included) "
+        "or segment files, verified as one chain in seq order",
+    )
+    parser.add_argument(
+        "--store",
+        help="PostgreSQL URL of the audit_records table; with FILEs, --chain names the "
+        "chain the files continue",
     )
     parser.add_argument("--chain", help="with --store: only this chain id (default: every chain)")
+    parser.add_argument(
+        "--anchored",
+        action="store_true",
+        help="FILEs only: accept files that start after seq 1 (earlier segments deleted by "
+        "retention or after shipping); the first record's prev_sha256 is then taken on "
+        "trust and reported",
+    )
 
 
 def verify(args: argparse.Namespace) -> int:
-    """Verify FILE or --store; exit 0 when intact, 1 when broken or unreadable, 2 on misuse.
+    """Verify FILEs, --store, or both; exit 0 when intact, 1 when broken or unreadable,
+    2 on misuse.
 
     The store URL is never echoed with its password.
     """
-    file: Path | None = args.file
+    given: list[Path] = args.files
     store: str | None = args.store
     chain: str | None = args.chain
-    if (file is None) == (store is None):
-        return _usage("give either an audit log FILE or --store URL")
-    if file is not None:
-        if chain is not None:
-            return _usage("--chain applies to --store only")
-        if not file.is_file():
-            return _usage(f"no such audit log: {file}")
-        return _print_reports([verify_chain(file)])
-    assert store is not None
+    if not given and store is None:
+        return _usage("give audit log FILEs, --store URL, or both")
+    if store is None and chain is not None:
+        return _usage("--chain applies to --store only")
+    if store is not None and args.anchored:
+        return _usage("--anchored applies to FILEs alone: the table starts the chain")
+    if given and store is not None and chain is None:
+        return _usage("with FILEs and --store, name the files' chain with --chain")
+    files: list[Path] = []
+    for path in given:
+        if path.is_dir():
+            return _usage(f"{path} is a directory: give the audit.log path or segment files")
+        found = log_files(path)
+        if not found:
+            return _usage(f"no such audit log: {path}")
+        files.extend(found)
+    try:
+        files = in_chain_order(files)
+        if store is None:
+            return _print_reports([verify_segments(files, anchored=args.anchored)])
+    except OSError as exc:
+        return _unreadable(exc)
     try:
         url = parse_postgres_url(store)
     except ValueError as exc:  # the message carries the URL redacted
         return _usage(str(exc))
     try:
-        reports = verify_postgres_chain(url.url, chain)
+        if files:
+            assert chain is not None
+            reports = [verify_store_and_segments(url.url, chain, files)]
+        else:
+            reports = verify_postgres_chain(url.url, chain)
+    except OSError as exc:
+        return _unreadable(exc)
     except psycopg.Error as exc:
         print(
             f"error: cannot read audit records from {url.redacted}: "
@@ -75,6 +117,13 @@ def _print_reports(reports: list[ChainReport]) -> int:
                 f"ok: {name}{report.records} records, chain intact, "
                 f"head sha256 {report.head_sha256}"
             )
+            if report.anchored:
+                print(
+                    f"  anchored: starts at seq {report.first_seq}, whose prev_sha256 "
+                    f"{report.anchor_sha256} is taken on trust; records before seq "
+                    f"{report.first_seq} are not in these files (compare the anchor with "
+                    "the table or a logged head)"
+                )
         else:
             name = f" chain {report.chain_id}" if report.chain_id is not None else ""
             print(
@@ -82,6 +131,16 @@ def _print_reports(reports: list[ChainReport]) -> int:
                 file=sys.stderr,
             )
     return ExitCode.OK if all(report.ok for report in reports) else ExitCode.FAILED
+
+
+def _unreadable(exc: OSError) -> int:
+    # A running gate deletes shipped or expired segments, possibly between listing and reading.
+    print(
+        f"error: cannot read {exc.filename}: {exc.strerror} (a running gate deletes "
+        "segments once shipped or expired: list the files again)",
+        file=sys.stderr,
+    )
+    return ExitCode.FAILED
 
 
 def _usage(message: str) -> int:

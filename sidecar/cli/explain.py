@@ -32,7 +32,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sidecar.audit.verify import verify_chain
+from sidecar.audit.segments import in_chain_order, log_files, sealed_segments
+from sidecar.audit.verify import verify_segments
 from sidecar.cli.exit_codes import ExitCode
 from sidecar.cli.explain_audit import (
     chain_report,
@@ -161,23 +162,27 @@ def _explain_decision(args: argparse.Namespace) -> int:
         raise misuse("with --audit-log the tenant is the record's and the text is not available")
     path: Path = args.audit_log
     decision_id: str = args.ids[0]
-    if not path.is_file():
+    if not path.is_file() and not sealed_segments(path):
         raise misuse(f"no such audit log: {path}")
-    chain = verify_chain(path)
-    found = find_record(path, decision_id)
+    # The log's sealed segments too: a decision may be in one rotated out.
+    files = in_chain_order(log_files(path))
+    # From the first remaining record: segments before it may have been deleted
+    # (retention, shipping); the report names where verification started.
+    chain = verify_segments(files, anchored=True)
+    found = find_record(files, decision_id)
     if found is None:
         broken = "" if chain.ok else f" (and the chain is broken: {chain.problem})"
         raise failure(f"no decision {quote_for_message(decision_id)} in {path}{broken}")
-    line, record = found
-    if not chain.ok and line > chain.records:
+    file, line, position, record = found
+    if not chain.ok and position > chain.records:
         raise failure(
             f"audit chain BROKEN after {chain.records} good records: {chain.problem}; "
-            f"decision {quote_for_message(decision_id)} is on line {line}, after the break, "
-            "so it may have been altered: not explained"
+            f"decision {quote_for_message(decision_id)} is on line {line} of {file}, after "
+            "the break, so it may have been altered: not explained"
         )
     report: dict[str, Any] = {
         "decision_id": decision_id,
-        "audit_log": str(path),
+        "audit_log": str(file),
         "line": line,
         "chain": chain_report(chain),
         "recorded": recorded_context(record),

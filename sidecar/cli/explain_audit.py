@@ -9,7 +9,7 @@ names: its tenant, and principals checked against the record's digest.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -58,16 +58,22 @@ _NOT_IN_CONTEXT = frozenset(
 )
 
 
-def find_record(path: Path, decision_id: str) -> tuple[int, dict[str, Any]] | None:
-    """The line number and record of ``decision_id`` (the first, if repeated)."""
-    with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                record = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                continue  # the chain report names it
-            if isinstance(record, dict) and record.get("decision_id") == decision_id:
-                return number, record
+def find_record(
+    files: Sequence[Path], decision_id: str
+) -> tuple[Path, int, int, dict[str, Any]] | None:
+    """Where ``decision_id`` is in a log's files (the first, if repeated): the file,
+    the line in it, the line counted across all files, and the record."""
+    position = 0
+    for path in files:
+        with path.open("rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                position += 1
+                try:
+                    record = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    continue  # the chain report names it
+                if isinstance(record, dict) and record.get("decision_id") == decision_id:
+                    return path, number, position, record
     return None
 
 
@@ -78,6 +84,10 @@ def chain_report(chain: ChainReport) -> dict[str, Any]:
         "records": chain.records,
         "head_sha256": chain.head_sha256,
         "problem": chain.problem,
+        # Where verification started: seq 1 after GENESIS, or an anchor (earlier
+        # segments deleted by retention or after shipping).
+        "first_seq": chain.first_seq,
+        "anchor_sha256": chain.anchor_sha256,
     }
 
 

@@ -57,6 +57,11 @@ def render_decision(report: Mapping[str, Any]) -> list[str]:
             f"chain: BROKEN after {chain['records']} good records: {chain['problem']} "
             "(this record is before the break)"
         )
+    if chain.get("first_seq", 1) != 1:
+        chain_line += (
+            f"; verified from seq {chain['first_seq']}, anchored at prev_sha256 "
+            f"{chain['anchor_sha256']} (earlier segments deleted)"
+        )
     lines = [
         f"decision {quote_for_message(report['decision_id'])}: {report['audit_log']} "
         f"line {report['line']}",

@@ -82,6 +82,26 @@ def _audit_spool(settings: Settings) -> Iterator[str]:
         )
 
 
+@_reads("audit.max_spool_bytes", "audit.segment_bytes")
+def _spool_bound(settings: Settings) -> Iterator[str]:
+    audit = settings.audit
+    if audit.max_spool_bytes and audit.max_spool_bytes < 2 * audit.segment_bytes:
+        yield (
+            f"audit.max_spool_bytes ({audit.max_spool_bytes}) must be 0 or at least twice "
+            f"audit.segment_bytes ({audit.segment_bytes}): the segment being written and "
+            "one sealed segment must fit"
+        )
+
+
+@_reads("audit.retention_seconds", "audit.store")
+def _retention(settings: Settings) -> Iterator[str]:
+    if settings.audit.retention_seconds and settings.audit.store is not None:
+        yield (
+            "audit.retention_seconds applies without audit.store only: with a store, "
+            "segments are deleted once PostgreSQL holds their records"
+        )
+
+
 @_reads("policy.bundle", "policy.engine", "policy.data")
 def _bundle(settings: Settings) -> Iterator[str]:
     policy = settings.policy

@@ -350,6 +350,31 @@ class AuditSettings(Group, group="audit"):
         help="this sidecar's chain in a shared audit table (default: hostname + spool path digest)",
         default_text="hostname + spool digest",
     )
+    # The log rotates into sealed segments (sidecar.audit.segments) so that
+    # shipped or expired records can be deleted a segment at a time.
+    segment_bytes: int = setting(
+        16 * 1024 * 1024,
+        minimum=4096,
+        help="rotate the audit log into a sealed segment before it grows past this size",
+    )
+    segment_seconds: float = setting(
+        3600.0,
+        minimum=1,
+        help="rotate the audit log at its first write this long after its segment started",
+    )
+    max_spool_bytes: int = setting(
+        0,
+        minimum=0,
+        help="bound on all segments together, at least 2 x audit.segment_bytes (0: none); "
+        "without audit.store the oldest segments are deleted to stay under it, with "
+        "audit.store records are refused (audit_unavailable) while unshipped records fill it",
+    )
+    retention_seconds: float = setting(
+        0.0,
+        minimum=0,
+        help="without audit.store: delete sealed segments whose last record is older "
+        "(0: keep them)",
+    )
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import start_http_server
 
-from sidecar.audit.jsonl import JsonlAuditSink
+from sidecar.audit.jsonl import DELETE_REASONS, JsonlAuditSink, SpoolLimits
 from sidecar.audit.postgres import PostgresAuditSink
 from sidecar.audit.sink import AuditSink, NullAuditSink
 from sidecar.config import ConfigError, IdentityMode, PolicyEngineName, Settings, format_table
@@ -113,23 +113,35 @@ def build_identity(settings: Settings) -> IdentityProvider:
 
 
 def build_audit(settings: Settings, metrics: GateMetrics) -> AuditSink:
-    """The audit sink: nothing, a JSON Lines file, or that file as a spool shipped to PostgreSQL."""
-    if settings.audit.log is None:
+    """The audit sink: nothing, a JSON Lines log, or that log as a spool shipped to PostgreSQL."""
+    audit = settings.audit
+    if audit.log is None:
         log.warning("no audit log configured (--audit-log): decisions are not recorded")
         return NullAuditSink()
-    if settings.audit.store is None:
-        return JsonlAuditSink(settings.audit.log)
+    limits = SpoolLimits(
+        segment_bytes=audit.segment_bytes,
+        segment_seconds=audit.segment_seconds,
+        max_spool_bytes=audit.max_spool_bytes,
+        retention_seconds=audit.retention_seconds,
+    )
+    metrics.audit_spool_limit_bytes.set(audit.max_spool_bytes)
+    metrics.preset_segment_deletions(DELETE_REASONS)
+    if audit.store is None:
+        return JsonlAuditSink(audit.log, limits, observer=metrics)
 
     def report(backlog: int) -> None:
         # Set, not set_function: with several workers only set values reach
         # the parent's /metrics (prometheus-client multiprocess mode).
         metrics.audit_backlog.set(backlog)
+        metrics.audit_oldest_unshipped.set(sink.oldest_unshipped)
         metrics.audit_shipping_failed.set(0 if sink.failure is None else 1)
 
     sink = PostgresAuditSink(
-        settings.audit.log,
-        settings.audit.store,
-        chain_id=settings.audit.chain_id,
+        audit.log,
+        audit.store,
+        chain_id=audit.chain_id,
+        limits=limits,
+        observer=metrics,
         on_backlog=report,
     )
     report(sink.backlog)

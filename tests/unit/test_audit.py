@@ -10,11 +10,20 @@ import orjson
 import pytest
 
 from sidecar.audit.chain import GENESIS, BrokenChain, ChainWalk, link, record_digest
-from sidecar.audit.jsonl import JsonlAuditSink, offset_after
+from sidecar.audit.jsonl import JsonlAuditSink
+from sidecar.audit.segments import offset_in
 from sidecar.audit.sink import AuditError
 from sidecar.audit.verify import verify_chain
 from sidecar.cli import main
 from sidecar.cli.audit import add_verify_arguments, verify
+
+
+def offset_after(path: Path, seq: int) -> tuple[int, dict[str, object] | None]:
+    """Where the record after ``seq`` starts in ``path``, and record ``seq`` (0: the start)."""
+    if seq == 0:
+        return 0, None
+    with path.open("rb") as handle:
+        return offset_in(handle, seq)
 
 
 def write(path: Path, n: int) -> None:
@@ -165,8 +174,10 @@ def test_verify_command_on_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ((), "give either an audit log FILE or --store URL"),
-        (("audit.jsonl", "--store", "postgresql://db/a"), "give either"),
+        ((), "give audit log FILEs, --store URL, or both"),
+        (("audit.jsonl", "--store", "postgresql://db/a"), "name the files' chain with --chain"),
+        (("audit.jsonl", "--store", "postgresql://db/a", "--anchored"), "FILEs alone"),
+        ((".",), "is a directory"),
         (("audit.jsonl", "--chain", "a"), "--chain applies to --store only"),
         (("missing.jsonl",), "no such audit log"),
     ],

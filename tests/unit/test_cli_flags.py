@@ -37,6 +37,7 @@ SETTING_FLAGS = {
     *("--negative-cache-size", "--stale-if-error-seconds", "--max-body-bytes"),
     *("--allow-plain-http", "--expose-grpc-listen", "--grpc-listen", "--workers"),
     *("--event-loop", "--metrics", "--audit-log", "--audit-store", "--audit-chain-id"),
+    *("--segment-bytes", "--segment-seconds", "--max-spool-bytes", "--retention-seconds"),
     "--message-timeout-ms",
     # Since issue 25: Envoy's caps and the database's credential (`proxy`).
     *("--max-connections", "--max-heap-bytes", "--max-concurrent-streams"),
@@ -82,8 +83,17 @@ def value(settings: Settings, spec: Setting) -> Any:
     return getattr(getattr(settings, spec.group), spec.key)
 
 
+# Settings whose bounds the generic sample values do not meet.
+SAMPLES = {
+    "segment_bytes": ("65536", 65536),
+    "max_spool_bytes": ("67108864", 67108864),
+}
+
+
 def sample(spec: Setting) -> tuple[str, Any]:
     """A flag value differing from the default and from BASE, and the setting it gives."""
+    if spec.name in SAMPLES:
+        return SAMPLES[spec.name]
     value_type = spec.value_type
     if isinstance(value_type, type) and issubclass(value_type, Enum):
         taken = {spec.default, "trusted-headers"}  # StrEnum members equal their values
