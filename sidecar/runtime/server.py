@@ -42,6 +42,7 @@ from sidecar.request.answers import RequestAnswers
 from sidecar.request.gate_route import gate_admission
 from sidecar.request.request_path import RequestPath
 from sidecar.runtime.addresses import parse_host_port
+from sidecar.runtime.metadata_store import open_metadata_store
 from sidecar.runtime.policy_source import (
     REFUSAL_REASONS,
     PolicySource,
@@ -52,7 +53,6 @@ from sidecar.runtime.signals import StopSignals
 from sidecar.runtime.tracing import TracedCacheObserver, gate_tracer, start_tracing
 from sidecar.store.cache import CachedStore
 from sidecar.store.listener import ChangeListener, change_listener
-from sidecar.store.open import open_store
 from sidecar.wire import ext_authz_pb2_grpc, ext_proc_pb2_grpc, gate_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -201,7 +201,7 @@ class Sidecar:
         tracing = start_tracing()
         tracer = None if tracing is None else gate_tracer(tracing)
         metrics = GateMetrics(collections=settings.telemetry.metric_collections)
-        inner = open_store(settings.store.url)
+        inner = open_metadata_store(settings.store)
         store = CachedStore(
             inner,
             ttl=settings.cache.ttl_seconds,

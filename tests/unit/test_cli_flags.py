@@ -38,8 +38,13 @@ SETTING_FLAGS = {
     *("--allow-plain-http", "--expose-grpc-listen", "--grpc-listen", "--workers"),
     *("--event-loop", "--metrics", "--audit-log", "--audit-store", "--audit-chain-id"),
     "--message-timeout-ms",
+    # Added since (issue 25): the PostgreSQL connection budget.
+    *("--store-pool-min", "--store-pool-max", "--store-pgbouncer", "--store-listen-url"),
 }
-NEGATIONS = {"--no-allow-plain-http", "--no-expose-grpc-listen", "--no-substitute-superseded"}
+NEGATIONS = {
+    *("--no-allow-plain-http", "--no-expose-grpc-listen", "--no-substitute-superseded"),
+    "--no-store-pgbouncer",
+}
 PROXY_ONLY = {"--upstream", "--grpc-upstream", "--listen", "--envoy-concurrency"}
 
 # Given before the flag under test (which, coming last, wins): enough for
@@ -53,6 +58,7 @@ BASE = [
 COMPANIONS = {
     "policy_engine": ["--opa-url", "http://127.0.0.1:8181"],
     "policy_bundle_public_key": ["--policy-bundle", "bundle.tar.gz"],
+    "store_pool_min": ["--store-pool-max", "8"],
 }
 
 
@@ -80,6 +86,8 @@ def sample(spec: Setting) -> tuple[str, Any]:
         return "2.5", 2.5
     if value_type is Path:
         return "/srv/gate/sample", Path("/srv/gate/sample")
+    if spec.name == "store_listen_url":  # a PostgreSQL URL
+        return "postgresql://gate@db/gate", "postgresql://gate@db/gate"
     if value_type is str:
         return "sample", "sample"
     if spec.name == "jwt_credentials":  # a list of known names
@@ -132,6 +140,10 @@ def test_flags_whose_name_is_not_their_key() -> None:
         "--policy-bundle-public-key": "policy.bundle_public_key",
         "--policy-bundle-poll-seconds": "policy.bundle_poll_seconds",
         "--store": "store.url",
+        "--store-pool-min": "store.pool_min",
+        "--store-pool-max": "store.pool_max",
+        "--store-pgbouncer": "store.pgbouncer",
+        "--store-listen-url": "store.listen_url",
         "--cache-ttl-seconds": "cache.ttl_seconds",
         "--cache-size": "cache.size",
         "--negative-cache-ttl-seconds": "cache.negative_ttl_seconds",
