@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
@@ -47,7 +48,7 @@ from sidecar.postgres.errors import describe_error
 from sidecar.store.lifecycle import check_status_change
 from sidecar.store.rows import RowCodec
 from sidecar.store.schema import Migration, apply_migrations, check_schema
-from sidecar.store.store import StoreUnavailable
+from sidecar.store.store import StoreEndpoint, StoreUnavailable
 
 _SELECT = """
     SELECT c.chunk_id, c.doc_id, c.version, c.tenant_id, c.allowed_principals, c.status,
@@ -104,6 +105,7 @@ DEFAULT_POOL_MAX_SIZE = 4
 # 1 s, left lookups failing for seconds after the server was back.
 RECONNECT_WINDOW_S = 0.5
 APPLICATION_NAME = "retrieval-gate"
+DEFAULT_PORT = 5432  # libpq's
 
 
 class PostgresStore:
@@ -136,6 +138,7 @@ class PostgresStore:
             raise ValueError("pool sizes must satisfy 0 <= min <= max, max >= 1")
         self.url = parse_postgres_url(url)
         self.listen_url = self.url if listen_url is None else parse_postgres_url(listen_url)
+        self.endpoint = endpoint(self.url)
         self.pgbouncer = pgbouncer
         self._query_timeout_s = query_timeout_s
         self._closed = False
@@ -348,6 +351,22 @@ def connect_options(url: PostgresUrl, *, pgbouncer: bool = False) -> dict[str, A
     if "application_name" not in given and "PGAPPNAME" not in os.environ:
         options["application_name"] = APPLICATION_NAME
     return options
+
+
+def endpoint(url: PostgresUrl) -> StoreEndpoint:
+    """The server ``url`` connects to first, as traces name it (``server.address``, ``.port``).
+
+    libpq's defaults where the URL names none: ``PGHOST`` / ``PGPORT``, else the
+    local socket and 5432.
+    """
+    parsed = conninfo_to_dict(url.url)
+    host = str(parsed.get("host") or os.environ.get("PGHOST") or "").split(",")[0] or None
+    port_text = str(parsed.get("port") or os.environ.get("PGPORT") or "").split(",")[0]
+    try:
+        port = int(port_text) if port_text else DEFAULT_PORT
+    except ValueError:
+        port = DEFAULT_PORT
+    return StoreEndpoint("postgresql", host, port)
 
 
 class _ConnectionLost(Exception):
