@@ -6,12 +6,18 @@ from the standard ``OTEL_*`` variables. With no tracer, ``Tracing(None)``
 hands out one shared span that does nothing, so the response path pays a
 method call per step, not a span.
 
-A decision span's parent is the request's W3C ``traceparent`` (and
-``tracestate``), so it joins the application's trace; a request without one
-starts a trace of its own. Attributes say what was decided, never about
-what: counts, reason codes, the gate's own identifiers (decision id, Envoy's
-request id), format, mode, collection names and the policy version. Never
-chunk text, query text, tokens, tenants or principals.
+A decision span's parent is the trace context of the request's headers, read
+by the process's propagator (W3C ``traceparent`` and ``tracestate`` unless
+``OTEL_PROPAGATORS`` names others, such as B3; ``set_propagator``), so it
+joins the application's trace; a request without one starts a trace of its
+own. Attributes say what was decided, never about what: counts, reason codes,
+the gate's own identifiers (decision id, Envoy's request id), format, mode,
+collection names and the policy version. Never chunk text, query text,
+tokens, tenants or principals.
+
+A lookup span is a database CLIENT span in OpenTelemetry's terms
+(``db.system.name``, ``server.address``, ``server.port``, ``error.type``),
+without a query text or a URL.
 """
 
 from __future__ import annotations
@@ -25,13 +31,15 @@ from typing import Self
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, Status, StatusCode, Tracer
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.propagators.textmap import TextMapPropagator
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from sidecar.core.decision import Verdict
 from sidecar.core.outcome import Outcome
 
-# The request headers that carry the parent (W3C Trace Context).
+# The request headers that carry the parent with the default propagator (W3C Trace Context).
 TRACE_HEADERS = ("traceparent", "tracestate")
 DECISION_SPAN = "retrieval_gate.decision"
 LOOKUP_SPAN = "retrieval_gate.store_lookup"
@@ -61,15 +69,37 @@ LOOKUP_UNAVAILABLE = "retrieval_gate.lookup.unavailable"
 LOOKUP_OUTCOME = "retrieval_gate.lookup.outcome"
 CACHE_HITS = "retrieval_gate.cache.hits"
 CACHE_MISSES = "retrieval_gate.cache.misses"
+# OpenTelemetry's semantic conventions for a database client span.
+DB_SYSTEM_NAME = "db.system.name"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+ERROR_TYPE = "error.type"
+# error.type of a lookup the store could not answer (the gate's StoreUnavailable).
+STORE_UNAVAILABLE = "StoreUnavailable"
 
 # A path or body can name many collections (an index expression); a span keeps the first few.
 _MAX_COLLECTIONS = 32
-_PROPAGATOR = TraceContextTextMapPropagator()
+_propagator: TextMapPropagator = TraceContextTextMapPropagator()
+_fields: tuple[str, ...] = TRACE_HEADERS
+
+
+def set_propagator(propagator: TextMapPropagator) -> None:
+    """Read the parent of every decision span of this process with ``propagator``
+    (``sidecar.runtime.tracing`` sets the one ``OTEL_PROPAGATORS`` names)."""
+    global _propagator, _fields
+    _propagator = propagator
+    _fields = tuple(sorted(propagator.fields))
+
+
+def no_propagation() -> TextMapPropagator:
+    """A propagator that reads nothing (``OTEL_PROPAGATORS=none``)."""
+    return CompositePropagator([])
 
 
 def trace_context(headers: Mapping[str, str]) -> dict[str, str]:
-    """The request's W3C trace-context headers (``traceparent``, ``tracestate``), if any."""
-    return {name: headers[name] for name in TRACE_HEADERS if name in headers}
+    """The request's trace-context headers that the propagator reads (by default
+    ``traceparent`` and ``tracestate``), if any."""
+    return {name: headers[name] for name in _fields if name in headers}
 
 
 class _Span:
@@ -152,10 +182,29 @@ def count_cache(hits: int = 0, misses: int = 0) -> None:
 
 
 class Tracing:
-    """Makes the spans of the response path with ``tracer``; none at all when it is None."""
+    """Makes the spans of the response path with ``tracer``; none at all when it is None.
 
-    def __init__(self, tracer: Tracer | None) -> None:
+    ``db_system``, ``server_address``, ``server_port``: the store the lookups
+    go to (``postgresql`` and its server, or ``sqlite``), for the lookup spans.
+    """
+
+    def __init__(
+        self,
+        tracer: Tracer | None,
+        *,
+        db_system: str | None = None,
+        server_address: str | None = None,
+        server_port: int | None = None,
+    ) -> None:
         self._tracer = tracer
+        database: dict[str, str | int] = {}
+        if db_system is not None:
+            database[DB_SYSTEM_NAME] = db_system
+        if server_address is not None:
+            database[SERVER_ADDRESS] = server_address
+            if server_port is not None:
+                database[SERVER_PORT] = server_port
+        self._database = database
 
     def decision(
         self,
@@ -173,7 +222,7 @@ class Tracing:
         """
         if self._tracer is None:
             return _NOT_RECORDING
-        parent = _PROPAGATOR.extract(trace_headers or {}, context=Context())
+        parent = _propagator.extract(trace_headers or {}, context=Context())
         span = self._tracer.start_span(
             DECISION_SPAN,
             context=parent,
@@ -194,13 +243,16 @@ class Tracing:
         """The span of one store lookup of ``ids`` ids, a child of the current decision span.
 
         ``purpose``: ``candidates`` (the body's hits) or ``successors`` (for substitution).
-        Nothing is recorded outside a recording decision span.
+        A CLIENT span (the gate calls its database), with the store's
+        ``db.system.name`` and ``server.*`` attributes. Nothing is recorded
+        outside a recording decision span.
         """
         if self._tracer is None or not trace.get_current_span().is_recording():
             return _NO_LOOKUP
         span = self._tracer.start_span(
             LOOKUP_SPAN,
-            attributes={LOOKUP_PURPOSE: purpose, LOOKUP_IDS: ids},
+            kind=SpanKind.CLIENT,
+            attributes={LOOKUP_PURPOSE: purpose, LOOKUP_IDS: ids, **self._database},
             record_exception=False,
             set_status_on_exception=False,
         )
@@ -210,10 +262,14 @@ class Tracing:
 NO_TRACING = Tracing(None)
 
 
-def _end(span: Span, exc_type: type[BaseException] | None) -> None:
+def _end(span: Span, exc_type: type[BaseException] | None, *, error_type: bool = False) -> None:
+    """End ``span``; an error status naming ``exc_type`` if one was raised in it
+    (and ``error.type`` with ``error_type``, as database client spans have it)."""
     if exc_type is not None:
         # The type only: an exception's message may quote what it failed on.
         span.set_status(Status(StatusCode.ERROR, exc_type.__name__))
+        if error_type:
+            span.set_attribute(ERROR_TYPE, exc_type.__qualname__)
     span.end()
 
 
@@ -289,7 +345,7 @@ class _RecordingLookup(LookupSpan):
         if self._token is not None:
             _TALLY.reset(self._token)
         self._span.set_attributes({CACHE_HITS: self._tally.hits, CACHE_MISSES: self._tally.misses})
-        _end(self._span, exc_type)
+        _end(self._span, exc_type, error_type=True)
 
     def answered(self, found: int, unavailable: int) -> None:
         if not unavailable:
@@ -302,4 +358,7 @@ class _RecordingLookup(LookupSpan):
             {LOOKUP_FOUND: found, LOOKUP_UNAVAILABLE: unavailable, LOOKUP_OUTCOME: outcome}
         )
         if unavailable:
+            # Ids are unavailable only when the store raised StoreUnavailable
+            # (the cache answers for the store; its error is not passed on).
+            self._span.set_attribute(ERROR_TYPE, STORE_UNAVAILABLE)
             self._span.set_status(Status(StatusCode.ERROR, "metadata store unavailable"))

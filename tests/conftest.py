@@ -1,6 +1,6 @@
 """Shared test set-up: the hypothesis profile, the server markers, shared fixtures.
 
-Tests marked ``postgres`` or ``chroma`` (markers in pyproject.toml) need that
+Tests marked ``postgres``, ``pgbouncer`` or ``chroma`` (markers in pyproject.toml) need that
 server; before each such test runs, the server is checked, and a missing one
 skips the test on a laptop and fails it in CI (tests/fixtures/servers.py).
 """
@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, settings
 from sidecar.store.postgres import migrate
 from sidecar.store.sqlite import SqliteStore
 from tests.fixtures.chroma_server import require_chroma
+from tests.fixtures.pgbouncer import require_pgbouncer
 from tests.fixtures.postgres import fresh_database, require_postgres
 
 # Every property test runs under this profile, locally and in CI. No deadline:
@@ -36,6 +37,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """Skip (laptop) or fail (CI) a test whose marked server is missing."""
     if item.get_closest_marker("postgres") is not None:
         require_postgres()
+    if item.get_closest_marker("pgbouncer") is not None:
+        require_postgres()
+        require_pgbouncer()
     if item.get_closest_marker("chroma") is not None:
         require_chroma()
 

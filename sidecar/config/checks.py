@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from sidecar.config._schema import choices
 from sidecar.config.groups import IdentityMode, PolicyEngineName
 from sidecar.config.settings import Settings, format_table
+from sidecar.postgres.dsn import SCHEMES as POSTGRES_SCHEMES
 
 Check = Callable[[Settings], Iterator[str]]
 _CHECKS: list[tuple[frozenset[str], Check]] = []
@@ -99,6 +100,26 @@ def _retention(settings: Settings) -> Iterator[str]:
         yield (
             "audit.retention_seconds applies without audit.store only: with a store, "
             "segments are deleted once PostgreSQL holds their records"
+        )
+
+
+def _is_postgres_url(url: str) -> bool:
+    return url.partition("://")[0].lower() in POSTGRES_SCHEMES
+
+
+@_reads("store.url", "store.pool_min", "store.pool_max", "store.pgbouncer", "store.listen_url")
+def _store_pool(settings: Settings) -> Iterator[str]:
+    store = settings.store
+    if store.pool_min > store.pool_max:
+        yield "store.pool_min must not be above store.pool_max"
+    # With SQLite the PostgreSQL settings are not read.
+    if store.listen_url is not None and not _is_postgres_url(store.listen_url):
+        yield "store.listen_url must be a postgresql:// URL"
+    if store.pgbouncer and _is_postgres_url(store.url) and store.listen_url is None:
+        yield (
+            "store.pgbouncer needs store.listen_url (--store-listen-url): LISTEN through "
+            "transaction pooling never hears a change, so revocations would wait for the "
+            "cache TTL; name a direct connection to PostgreSQL (or a session-mode pool)"
         )
 
 

@@ -287,6 +287,34 @@ class StoreSettings(Group, group="store"):
         help="metadata store URL: sqlite:///relative.db, sqlite:////absolute.db, "
         "postgresql://user@host/db",
     )
+    # Per sidecar process: with listen.workers = N a replica holds N pools
+    # (docs/postgresql.md, "Connection budget").
+    pool_min: int = setting(
+        1,
+        name="store_pool_min",
+        minimum=0,
+        help="PostgreSQL: connections each sidecar process keeps open for lookups",
+    )
+    pool_max: int = setting(
+        4,
+        name="store_pool_max",
+        minimum=1,
+        help="PostgreSQL: the most connections each sidecar process opens for lookups",
+    )
+    pgbouncer: bool = setting(
+        False,
+        name="store_pgbouncer",
+        help="PostgreSQL: store.url goes through PgBouncer in transaction pooling mode "
+        "(no prepared statements; LISTEN then needs store.listen_url)",
+    )
+    listen_url: str | None = setting(
+        None,
+        name="store_listen_url",
+        check=_non_empty,
+        help="PostgreSQL: where the change listener holds its LISTEN session, a direct "
+        "connection to the server (default: store.url)",
+        default_text="store.url",
+    )
 
 
 @dataclass(frozen=True)

@@ -191,7 +191,13 @@ class ResponseFilter:
         self._policies = policies
         self._max_hits = max_hits
         self._collection_label = metrics.collection_label
-        self._tracing = Tracing(tracer)
+        endpoint = store.endpoint
+        self._tracing = Tracing(
+            tracer,
+            db_system=None if endpoint is None else endpoint.system,
+            server_address=None if endpoint is None else endpoint.host,
+            server_port=None if endpoint is None else endpoint.port,
+        )
         self._decider = Decider(store, core, clock, self._tracing)
         self._recorder = Recorder(
             audit, metrics, clock, verdict_cache_on=core.verdict_cache is not None

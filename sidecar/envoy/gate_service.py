@@ -26,14 +26,13 @@ from sidecar.identity import AuthRequest
 from sidecar.refusals import Refusal
 from sidecar.request.admission import RequestAdmission, RequestRefused
 from sidecar.request.gate_route import GATE_ROUTE
+from sidecar.tracing import trace_context
 from sidecar.wire import gate_pb2, gate_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 # The metrics' and audit records' ``format``: one fixed value, never the client's.
 GATE_FORMAT = "gate"
-# Headers that carry the trace context (W3C), passed to the decision span.
-_TRACE_HEADERS = ("traceparent", "tracestate")
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
 
 
@@ -89,7 +88,7 @@ class GateServicer(gate_pb2_grpc.GateServicer):
             candidates,
             format_name=GATE_FORMAT,
             collection=collection,
-            trace_headers={k: headers[k] for k in _TRACE_HEADERS if k in headers},
+            trace_headers=trace_context(headers),
         )
         if answer.refusal is not None:
             await _abort(context, answer.refusal, answer.decision_id)

@@ -18,6 +18,7 @@ from sidecar.audit.jsonl import DELETE_REASONS, JsonlAuditSink, SpoolLimits
 from sidecar.audit.postgres import PostgresAuditSink
 from sidecar.audit.sink import AuditSink, NullAuditSink
 from sidecar.config import ConfigError, IdentityMode, PolicyEngineName, Settings, format_table
+from sidecar.config.groups import StoreSettings
 from sidecar.core.decision_core import DecisionCore
 from sidecar.core.modes import RoutePolicies
 from sidecar.core.policy import PolicyEngine, PolicyError, RequestPolicyEngine
@@ -43,6 +44,7 @@ from sidecar.request.answers import RequestAnswers
 from sidecar.request.gate_route import gate_admission
 from sidecar.request.request_path import RequestPath
 from sidecar.runtime.addresses import parse_host_port
+from sidecar.runtime.metadata_store import open_metadata_store
 from sidecar.runtime.policy_source import (
     REFUSAL_REASONS,
     PolicySource,
@@ -53,7 +55,7 @@ from sidecar.runtime.signals import StopSignals
 from sidecar.runtime.tracing import TracedCacheObserver, gate_tracer, start_tracing
 from sidecar.store.cache import CachedStore
 from sidecar.store.listener import ChangeListener, change_listener
-from sidecar.store.open import PendingStore, is_outage, open_store
+from sidecar.store.open import PendingStore, is_outage
 from sidecar.store.store import MetadataStore, StoreUnavailable
 from sidecar.wire import ext_authz_pb2_grpc, ext_proc_pb2_grpc, gate_pb2_grpc
 
@@ -210,8 +212,8 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def open_store_at_start(url: str) -> MetadataStore:
-    """The metadata store at ``url``, or a PendingStore when it cannot be reached now.
+def open_store_at_start(store: StoreSettings) -> MetadataStore:
+    """The metadata store ``store`` names, or a PendingStore when it cannot be reached now.
 
     A misconfiguration (a malformed URL, a refused login, an unknown database,
     a schema at another version) raises, so the process exits 2 at once. An
@@ -221,7 +223,7 @@ def open_store_at_start(url: str) -> MetadataStore:
     trying (:meth:`SidecarServer.start`).
     """
     try:
-        return open_store(url)
+        return open_metadata_store(store)
     except StoreUnavailable as exc:
         if not is_outage(exc):
             raise ConfigError(one_line(str(exc))) from None
@@ -230,7 +232,7 @@ def open_store_at_start(url: str) -> MetadataStore:
             "until it is reached",
             one_line(str(exc)),
         )
-        return PendingStore(url, one_line(str(exc)))
+        return PendingStore(store.url, one_line(str(exc)))
 
 
 @dataclass
@@ -257,7 +259,7 @@ class Sidecar:
         tracing = start_tracing()
         tracer = None if tracing is None else gate_tracer(tracing)
         metrics = GateMetrics(collections=settings.telemetry.metric_collections)
-        inner = open_store_at_start(settings.store.url)
+        inner = open_store_at_start(settings.store)
         store = CachedStore(
             inner,
             ttl=settings.cache.ttl_seconds,
@@ -315,7 +317,7 @@ class Sidecar:
             admission, formats, policies, metrics, overfetch_cap=settings.filter.overfetch_cap
         )
         listener = (
-            ChangeListener(inner.url, store)
+            ChangeListener(settings.store.listen_url or settings.store.url, store)
             if isinstance(inner, PendingStore)
             else change_listener(inner, store)
         )
@@ -463,7 +465,9 @@ class SidecarServer:
             await asyncio.sleep(delay)
             delay = min(delay * 2, STORE_RETRY_MAX_SECONDS)
             try:
-                store = await asyncio.to_thread(open_store, pending.url)
+                store = await asyncio.to_thread(
+                    open_metadata_store, self.sidecar.settings.store
+                )
             except StoreUnavailable as exc:
                 if not is_outage(exc):
                     raise ConfigError(one_line(str(exc))) from None

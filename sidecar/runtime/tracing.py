@@ -11,6 +11,13 @@ exporter read from their own variables.
 Each process that serves streams starts its own provider (``Sidecar``
 builds one per process; with ``workers = N`` that is once per worker), since
 an exporter's thread and gRPC channel do not survive into another process.
+
+``OTEL_PROPAGATORS`` chooses how the parent is read from a request's headers
+(default ``tracecontext,baggage``; ``b3`` and ``b3multi`` for B3 meshes, from
+opentelemetry-propagator-b3; ``none``). The names are looked up among the
+installed ``opentelemetry_propagator`` entry points, as the SDK does, but an
+unknown one is a ConfigError naming the valid ones rather than an exception
+at import. It is read only when tracing is on.
 """
 
 from __future__ import annotations
@@ -18,8 +25,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from importlib.metadata import entry_points
 
-from opentelemetry.environment_variables import OTEL_TRACES_EXPORTER
+from opentelemetry.environment_variables import OTEL_PROPAGATORS, OTEL_TRACES_EXPORTER
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.sdk.environment_variables import (
     OTEL_EXPORTER_OTLP_PROTOCOL,
     OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
@@ -33,13 +43,15 @@ from opentelemetry.trace import Tracer
 import sidecar
 from sidecar.config import ConfigError
 from sidecar.store.cache import CacheObserver
-from sidecar.tracing import count_cache
+from sidecar.tracing import count_cache, no_propagation, set_propagator
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SERVICE_NAME = "retrieval-gate"
 TRACER_NAME = "retrieval_gate"
 EXPORTERS = ("otlp", "console", "none")
+DEFAULT_PROPAGATORS = "tracecontext,baggage"  # the OpenTelemetry default
+_PROPAGATOR_GROUP = "opentelemetry_propagator"
 
 
 def exporter_names() -> list[str]:
@@ -68,14 +80,50 @@ def exporter_names() -> list[str]:
     return names
 
 
+def propagator_names() -> list[str]:
+    """The propagators this build has (the installed entry points), sorted."""
+    return sorted({point.name for point in entry_points(group=_PROPAGATOR_GROUP)})
+
+
+def propagator() -> TextMapPropagator:
+    """The propagator ``OTEL_PROPAGATORS`` names (default ``tracecontext,baggage``).
+
+    Raises ConfigError for a name this build does not have: a typo would start
+    every decision's trace anew, detached from the application's.
+    """
+    text = os.environ.get(OTEL_PROPAGATORS, "").strip() or DEFAULT_PROPAGATORS
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    if "none" in names:
+        if names != ["none"]:
+            raise ConfigError(f"{OTEL_PROPAGATORS}: 'none' cannot be combined with others")
+        return no_propagation()
+    available = {point.name: point for point in entry_points(group=_PROPAGATOR_GROUP)}
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise ConfigError(
+            f"{OTEL_PROPAGATORS}: unknown propagator {unknown[0]!r} "
+            f"(one of {', '.join([*propagator_names(), 'none'])})"
+        )
+    return CompositePropagator([available[n].load()() for n in dict.fromkeys(names)])
+
+
+def check_environment() -> None:
+    """Raise ConfigError for an ``OTEL_*`` variable this build cannot honour (when tracing
+    is on): what ``start_tracing`` would refuse, checked without starting anything."""
+    if exporter_names():
+        propagator()
+
+
 def start_tracing() -> TracerProvider | None:
     """This process's tracer provider, as the ``OTEL_*`` variables say; None when tracing is off.
 
-    Raises ConfigError as ``exporter_names`` does.
+    Also sets the propagator that reads each decision's parent (``OTEL_PROPAGATORS``).
+    Raises ConfigError as ``exporter_names`` and ``propagator`` do.
     """
     names = exporter_names()
     if not names:
         return None
+    set_propagator(propagator())
     exporters = [_exporter(name) for name in names]
     resource = Resource.create()
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):

@@ -38,7 +38,7 @@ from sidecar.runtime import event_loop
 from sidecar.runtime.addresses import HostPort, UnixSocket, parse_host_port, parse_socket_address
 from sidecar.runtime.server import STOP_GRACE_SECONDS, serve_until_signalled
 from sidecar.runtime.signals import StopSignals
-from sidecar.runtime.tracing import exporter_names
+from sidecar.runtime.tracing import check_environment as check_tracing_environment
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class WorkerPool:
         Each worker starts its own tracer provider; the OTEL_* variables are
         checked here first, so that a wrong one is a ConfigError, not a dead worker.
         """
-        exporter_names()
+        check_tracing_environment()
         self._metrics_dir = tempfile.TemporaryDirectory(prefix="retrieval-gate-metrics-")
         # Workers read it when they import prometheus_client; spawn passes the environment.
         os.environ[MULTIPROC_ENV] = self._metrics_dir.name

@@ -24,7 +24,7 @@ from typing import Protocol, TypeVar
 from cachetools import TTLCache
 
 from sidecar.core.chunk_record import ChunkRecord
-from sidecar.store.store import MetadataStore, StoreUnavailable
+from sidecar.store.store import MetadataStore, StoreEndpoint, StoreUnavailable
 
 _V = TypeVar("_V")
 
@@ -147,6 +147,12 @@ class CachedStore:
         # False while nothing announces changes (the change listener is down):
         # answers are then served but not kept, so none can go stale unannounced.
         self._caching = True
+
+    @property
+    def endpoint(self) -> StoreEndpoint | None:
+        """Where the inner store's lookups go (for traces); None when it does not say."""
+        endpoint = getattr(self._inner, "endpoint", None)
+        return endpoint if isinstance(endpoint, StoreEndpoint) else None
 
     async def fetch(self, chunk_ids: Collection[str]) -> Mapping[str, ChunkRecord]:
         """Look up records, from the cache where fresh; raises StoreUnavailable.

@@ -9,8 +9,15 @@ the cache; an empty payload drops everything.
 A notification sent while the listener is not connected is lost, so every
 connection loss clears the cache at once, and the cache is cleared again once
 LISTEN is re-established: whatever was fetched in between may predate a change
-nobody told us about. Reconnection backs off exponentially with jitter. A
-heartbeat query finds a silently dead connection (e.g. a network partition).
+nobody told us about. Reconnection backs off exponentially with jitter (at
+most ``backoff_max_s``, 1 s by default). A heartbeat query finds a silently
+dead connection (e.g. a network partition).
+
+LISTEN needs a session that stays the listener's: through PgBouncer in
+transaction pooling mode the LISTEN statement succeeds, but the server
+connection goes back to the pool when it ends and no notification ever
+arrives. So the listener connects to ``store.listen_url`` (a direct
+connection to PostgreSQL, or a session-mode pool), by default ``store.url``.
 """
 
 from __future__ import annotations
@@ -54,7 +61,8 @@ class ChangeListener:
     """Keeps a LISTEN connection open and invalidates ``cache`` per notification.
 
     Run it on the event loop that uses the cache: ``await start()`` after the
-    loop runs, ``await stop()`` before it ends. ``url`` is the store's URL,
+    loop runs, ``await stop()`` before it ends. ``url`` is a URL of the store's
+    database that gives a session of its own (``PostgresStore.listen_url``),
     given as a string or parsed; it is never logged unredacted.
     """
 
@@ -64,7 +72,7 @@ class ChangeListener:
         cache: Invalidatable,
         *,
         backoff_initial_s: float = 0.1,
-        backoff_max_s: float = 5.0,
+        backoff_max_s: float = 1.0,
         heartbeat_s: float = 5.0,
     ) -> None:
         self._url = url if isinstance(url, PostgresUrl) else parse_postgres_url(url)
@@ -180,5 +188,5 @@ def change_listener(store: MetadataStore, cache: Invalidatable) -> ChangeListene
     """A listener that keeps ``cache`` in step with ``store``, for stores that announce
     their changes (PostgreSQL); None for the others, whose changes only the TTL bounds."""
     if isinstance(store, PostgresStore):
-        return ChangeListener(store.url, cache)
+        return ChangeListener(store.listen_url, cache)
     return None

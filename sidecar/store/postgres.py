@@ -12,6 +12,19 @@ for all ids of a response in one statement, ``signature_valid`` included. The
 synchronous operations (``upsert``, ``get``, ``set_status``; the CLI's) each
 use a short-lived connection of their own.
 
+Every statement is a transaction of its own or runs inside an explicit one,
+and the only session state is the time zone (a parameter PgBouncer carries
+over to whichever server connection it assigns), so the store works through
+PgBouncer in transaction pooling mode; ``pgbouncer=True`` turns off psycopg's
+server-side prepared statements, which such a pool would hand to the wrong
+server connection. LISTEN does not survive transaction pooling:
+``listen_url`` names where the change listener connects instead.
+
+After an outage the pool reconnects on demand rather than on psycopg_pool's
+schedule (attempts 1, 2, 4, 8... s apart): an attempt that keeps failing is
+given up after ``RECONNECT_WINDOW_S`` and the next lookup starts a new one, so
+lookups succeed again within a fraction of a second of the server's return.
+
 The connection URL may carry a password; every message this module produces
 or passes on is scrubbed of it (see ``dsn.py``).
 """
@@ -25,6 +38,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
@@ -34,7 +48,7 @@ from sidecar.postgres.errors import describe_error
 from sidecar.store.lifecycle import check_status_change
 from sidecar.store.rows import RowCodec
 from sidecar.store.schema import Migration, apply_migrations, check_schema
-from sidecar.store.store import StoreUnavailable
+from sidecar.store.store import StoreEndpoint, StoreUnavailable
 
 _SELECT = """
     SELECT c.chunk_id, c.doc_id, c.version, c.tenant_id, c.allowed_principals, c.status,
@@ -83,7 +97,15 @@ _ROWS = RowCodec()
 
 DEFAULT_QUERY_TIMEOUT_S = 1.0
 DEFAULT_CONNECT_TIMEOUT_S = 5
+DEFAULT_POOL_MIN_SIZE = 1
+DEFAULT_POOL_MAX_SIZE = 4
+# How long the pool keeps retrying one failed connection attempt (with its own
+# backoff) before giving up; the next lookup that finds no connection starts a
+# new attempt at once. psycopg_pool's default, 300 s with delays doubling from
+# 1 s, left lookups failing for seconds after the server was back.
+RECONNECT_WINDOW_S = 0.5
 APPLICATION_NAME = "retrieval-gate"
+DEFAULT_PORT = 5432  # libpq's
 
 
 class PostgresStore:
@@ -95,32 +117,47 @@ class PostgresStore:
     included: a response waits no longer than that for its metadata. The pool
     opens on the first ``fetch`` and belongs to that event loop: fetch from
     that loop only, and release it with ``aclose`` there.
+
+    ``pgbouncer``: ``url`` goes through PgBouncer in transaction (or
+    statement) pooling mode, so no statement is prepared on the server.
+    ``listen_url``: where the change listener connects (``listen_url``
+    attribute; default ``url``); it must be a session of its own.
     """
 
     def __init__(
         self,
         url: str,
         *,
-        pool_min_size: int = 1,
-        pool_max_size: int = 8,
+        pool_min_size: int = DEFAULT_POOL_MIN_SIZE,
+        pool_max_size: int = DEFAULT_POOL_MAX_SIZE,
         query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S,
+        pgbouncer: bool = False,
+        listen_url: str | None = None,
     ) -> None:
+        if not 0 <= pool_min_size <= pool_max_size or pool_max_size < 1:
+            raise ValueError("pool sizes must satisfy 0 <= min <= max, max >= 1")
         self.url = parse_postgres_url(url)
+        self.listen_url = self.url if listen_url is None else parse_postgres_url(listen_url)
+        self.endpoint = endpoint(self.url)
+        self.pgbouncer = pgbouncer
         self._query_timeout_s = query_timeout_s
         self._closed = False
-        with _connection(self.url) as connection:
+        with _connection(self.url, pgbouncer=pgbouncer) as connection:
             check_schema(connection, self.url.redacted)
         self._pool = AsyncConnectionPool(
             self.url.url,
-            kwargs=connect_options(self.url) | {"autocommit": True},
+            kwargs=connect_options(self.url, pgbouncer=pgbouncer) | {"autocommit": True},
             min_size=pool_min_size,
             max_size=pool_max_size,
             open=False,
             configure=_configure,
             timeout=query_timeout_s,
+            reconnect_timeout=RECONNECT_WINDOW_S,
             name="retrieval-gate-metadata",
         )
         self._pool_opened = False
+        # Lookups given up on at their timeout, still cancelling (see ``fetch``).
+        self._abandoned: set[asyncio.Future[list[TupleRow]]] = set()
 
     async def fetch(self, chunk_ids: Collection[str]) -> Mapping[str, ChunkRecord]:
         """Look up records in one statement; absent ids are left out of the result.
@@ -133,21 +170,27 @@ class PostgresStore:
             return {}
         if self._closed:
             raise StoreUnavailable("PostgreSQL metadata store is closed")
+        if not self._pool_opened:
+            # Opened here rather than in __init__: the pool belongs to the
+            # event loop that uses it. Returns at once; connects in the background.
+            await self._pool.open(wait=False)
+            self._pool_opened = True
+        # In a task of its own, so that the timeout returns on time: cancelling a
+        # query makes psycopg send the server a cancel request and wait up to
+        # 5 s + 5 s for the query to end, which an unreachable server (or a
+        # PgBouncer with no server to give) never does. The abandoned task
+        # finishes that in the background and returns or drops its connection.
+        lookup = asyncio.ensure_future(self._lookup(ids))
         try:
-            async with asyncio.timeout(self._query_timeout_s):
-                if not self._pool_opened:
-                    # Opened here rather than in __init__: the pool belongs to
-                    # the event loop that uses it.
-                    await self._pool.open(wait=False)
-                    self._pool_opened = True
-                try:
-                    rows = await self._select(ids)
-                except _ConnectionLost:
-                    # A pooled connection died (e.g. the server restarted), and
-                    # its siblings likely with it: replace the dead ones, then
-                    # retry; a read is safe to repeat.
-                    await self._pool.check()
-                    rows = await self._select(ids)
+            done, _ = await asyncio.wait((lookup,), timeout=self._query_timeout_s)
+        except asyncio.CancelledError:
+            self._abandon(lookup)
+            raise
+        try:
+            if not done:
+                self._abandon(lookup)
+                raise TimeoutError
+            rows = lookup.result()
         except TimeoutError:
             raise StoreUnavailable(
                 f"PostgreSQL metadata query on {self.url} took longer than "
@@ -167,6 +210,27 @@ class PostgresStore:
                 )
             ) from None
         return _ROWS.decode_rows(rows)
+
+    async def _lookup(self, ids: list[str]) -> list[TupleRow]:
+        try:
+            return await self._select(ids)
+        except _ConnectionLost:
+            # A pooled connection died (e.g. the server restarted), and its
+            # siblings likely with it: replace the dead ones (new attempts start
+            # at once), then retry once on a fresh connection. A read is safe to
+            # repeat, and the query timeout still bounds both tries.
+            await self._pool.check()
+            return await self._select(ids)
+
+    def _abandon(self, lookup: asyncio.Future[list[TupleRow]]) -> None:
+        lookup.cancel()
+        self._abandoned.add(lookup)
+        lookup.add_done_callback(self._forget)
+
+    def _forget(self, lookup: asyncio.Future[list[TupleRow]]) -> None:
+        self._abandoned.discard(lookup)
+        if not lookup.cancelled():
+            lookup.exception()  # retrieved: nobody waits for it any more
 
     async def _select(self, ids: list[str]) -> list[TupleRow]:
         async with self._pool.connection() as connection:
@@ -229,6 +293,8 @@ class PostgresStore:
     async def aclose(self) -> None:
         """Refuse further operations and close the pool (from the loop that fetched)."""
         self._closed = True
+        for lookup in list(self._abandoned):
+            lookup.cancel()
         if self._pool_opened:
             await self._pool.close()
 
@@ -236,7 +302,7 @@ class PostgresStore:
     def _operation(self, action: str) -> Iterator[psycopg.Connection[TupleRow]]:
         if self._closed:
             raise StoreUnavailable("PostgreSQL metadata store is closed")
-        with _connection(self.url) as connection:
+        with _connection(self.url, pgbouncer=self.pgbouncer) as connection:
             try:
                 yield connection
             except psycopg.errors.IntegrityError as exc:
@@ -272,16 +338,35 @@ def migrate(url: str) -> list[Migration]:
             ) from None
 
 
-def connect_options(url: PostgresUrl) -> dict[str, Any]:
+def connect_options(url: PostgresUrl, *, pgbouncer: bool = False) -> dict[str, Any]:
     """Connection parameters to add to ``url``: defaults for what neither it nor the
-    environment sets (libpq's own defaults wait forever and name no application)."""
+    environment sets (libpq's own defaults wait forever and name no application);
+    behind PgBouncer's transaction pooling, no server-side prepared statements."""
     given = url.parameter_names
     options: dict[str, Any] = {}
+    if pgbouncer:
+        options["prepare_threshold"] = None
     if "connect_timeout" not in given and "PGCONNECT_TIMEOUT" not in os.environ:
         options["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT_S
     if "application_name" not in given and "PGAPPNAME" not in os.environ:
         options["application_name"] = APPLICATION_NAME
     return options
+
+
+def endpoint(url: PostgresUrl) -> StoreEndpoint:
+    """The server ``url`` connects to first, as traces name it (``server.address``, ``.port``).
+
+    libpq's defaults where the URL names none: ``PGHOST`` / ``PGPORT``, else the
+    local socket and 5432.
+    """
+    parsed = conninfo_to_dict(url.url)
+    host = str(parsed.get("host") or os.environ.get("PGHOST") or "").split(",")[0] or None
+    port_text = str(parsed.get("port") or os.environ.get("PGPORT") or "").split(",")[0]
+    try:
+        port = int(port_text) if port_text else DEFAULT_PORT
+    except ValueError:
+        port = DEFAULT_PORT
+    return StoreEndpoint("postgresql", host, port)
 
 
 class _ConnectionLost(Exception):
@@ -299,9 +384,13 @@ async def _configure(connection: psycopg.AsyncConnection[TupleRow]) -> None:
 
 
 @contextmanager
-def _connection(url: PostgresUrl) -> Iterator[psycopg.Connection[TupleRow]]:
+def _connection(
+    url: PostgresUrl, *, pgbouncer: bool = False
+) -> Iterator[psycopg.Connection[TupleRow]]:
     try:
-        connection = psycopg.connect(url.url, autocommit=True, **connect_options(url))
+        connection = psycopg.connect(
+            url.url, autocommit=True, **connect_options(url, pgbouncer=pgbouncer)
+        )
         connection.execute("SET TIME ZONE 'UTC'")
     except psycopg.Error as exc:
         raise StoreUnavailable(

@@ -35,7 +35,7 @@ import orjson
 from sidecar.core.chunk_record import CONTRACT_FIELDS, ChunkRecord, Status
 from sidecar.store.lifecycle import check_status_change
 from sidecar.store.rows import RowCodec
-from sidecar.store.store import StoreUnavailable
+from sidecar.store.store import StoreEndpoint, StoreUnavailable
 
 SCHEMA_VERSION = 3
 
@@ -122,6 +122,8 @@ class SqliteStore:
     Raises StoreUnavailable when the file cannot be opened or carries a schema
     version this code does not know.
     """
+
+    endpoint = StoreEndpoint("sqlite")  # in process: no server to name
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         # Two connections: upsert (possibly a bulk load in a worker thread) holds

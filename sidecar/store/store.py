@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from sidecar.core.chunk_record import ChunkRecord, Status
@@ -27,6 +28,17 @@ class LifecycleError(RecordError):
 
 class ChunkNotFound(LifecycleError):
     """The chunk to change has no record."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreEndpoint:
+    """Where a store's lookups go, as a trace names it: the database system
+    (``postgresql``, ``sqlite``) and, for a server, its host (or socket
+    directory) and port. Never a URL: that may carry a password."""
+
+    system: str
+    host: str | None = None
+    port: int | None = None
 
 
 class MetadataStore(Protocol):

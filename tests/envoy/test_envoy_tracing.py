@@ -82,6 +82,10 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
         with self._lock:
             return [span for span in self._spans if span.name == name]
 
+    def spans_of_trace(self, trace_id: str) -> list[ExportedSpan]:
+        with self._lock:
+            return [span for span in self._spans if span.trace_id == trace_id]
+
     def decision(self, trace_id: str) -> ExportedSpan | None:
         """The decision span of trace ``trace_id``, once it has arrived."""
         found = [s for s in self.spans(tracing.DECISION_SPAN) if s.trace_id == trace_id]
@@ -124,18 +128,78 @@ def collector() -> Iterator[tuple[Collector, int]]:
 
 
 def traced_stack(
-    workdir: Path, port: int, monkeypatch: pytest.MonkeyPatch, workers: int = 1
+    workdir: Path,
+    port: int,
+    monkeypatch: pytest.MonkeyPatch,
+    workers: int = 1,
+    *,
+    envoy_traces: bool = False,
 ) -> GateStack:
-    """A stack whose sidecar process exports its spans to the collector on ``port``."""
+    """A stack whose sidecar process exports its spans to the collector on ``port``;
+    with ``envoy_traces`` Envoy too (its OpenTelemetry tracer, as a mesh's sidecar)."""
     # The sidecar process inherits the test's environment.
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("OTEL_SERVICE_NAME", "gate-under-test")
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # export within 0.1 s, not 5 s
-    stack = GateStack(workdir, RECORDS, config={"workers": workers})
+    edit = (lambda bootstrap: _envoy_traces_to(bootstrap, port)) if envoy_traces else None
+    stack = GateStack(workdir, RECORDS, config={"workers": workers}, edit_bootstrap=edit)
     stack.start()
     stack.upstream.respond("POST", SEARCH, CannedResponse(BODY))
     return stack
+
+
+ENVOY_SERVICE = "front-envoy"
+
+
+def _envoy_traces_to(bootstrap: dict[str, Any], port: int) -> None:
+    """Envoy's own tracing on (every request sampled), exported to the collector on ``port``."""
+    listener = bootstrap["static_resources"]["listeners"][0]
+    manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    manager["tracing"] = {
+        "random_sampling": {"value": 100},
+        "provider": {
+            "name": "envoy.tracers.opentelemetry",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig",
+                "grpc_service": {"envoy_grpc": {"cluster_name": "otlp_collector"}},
+                "service_name": ENVOY_SERVICE,
+            },
+        },
+    }
+    bootstrap["static_resources"]["clusters"].append(
+        {
+            "name": "otlp_collector",
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "typed_extension_protocol_options": {
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                    "@type": "type.googleapis.com/"
+                    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                    "explicit_http_config": {"http2_protocol_options": {}},
+                }
+            },
+            "load_assignment": {
+                "cluster_name": "otlp_collector",
+                "endpoints": [
+                    {
+                        "lb_endpoints": [
+                            {
+                                "endpoint": {
+                                    "address": {
+                                        "socket_address": {
+                                            "address": "127.0.0.1",
+                                            "port_value": port,
+                                        }
+                                    }
+                                }
+                            }
+                        ]
+                    }
+                ],
+            },
+        }
+    )
 
 
 def new_trace() -> tuple[str, str]:
@@ -213,5 +277,56 @@ def test_each_worker_process_exports_its_own_spans(
         # Every worker started a provider of its own (a resource per process).
         instances = {d.resource["service.instance.id"] for d in decisions if d is not None}
         assert len(instances) == 2
+    finally:
+        stack.stop()
+
+
+def test_behind_a_tracing_envoy_the_decision_is_a_sibling_of_envoys_span(
+    tmp_path: Path, collector: tuple[Collector, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Envoy's router injects its own span into the request only after ext_proc
+    # has read the headers: the gate sees the application's traceparent, so
+    # its decision and Envoy's span are both children of the application's span.
+    spans, port = collector
+    stack = traced_stack(tmp_path, port, monkeypatch, envoy_traces=True)
+    try:
+        trace_id, parent_id = new_trace()
+        response = stack.search(SEARCH, headers={"traceparent": f"00-{trace_id}-{parent_id}-01"})
+        assert response.status == 200
+
+        def envoy_span() -> ExportedSpan | None:
+            found = [
+                s
+                for s in spans.spans_of_trace(trace_id)
+                if s.resource.get("service.name") == ENVOY_SERVICE and s.parent_span_id == parent_id
+            ]
+            return found[0] if found else None
+
+        assert wait_until(lambda: spans.decision(trace_id) is not None)
+        assert wait_until(lambda: envoy_span() is not None, timeout=30)
+        decision, envoy = spans.decision(trace_id), envoy_span()
+        assert decision is not None and envoy is not None
+        assert decision.parent_span_id == parent_id  # not Envoy's span
+        assert envoy.parent_span_id == parent_id
+        # The database got Envoy's span as its parent: injected after the gate read the headers.
+        (seen,) = [r for r in stack.upstream.requests if r.path == SEARCH]
+        assert seen.headers["traceparent"].split("-")[1:3] == [trace_id, envoy.span_id]
+    finally:
+        stack.stop()
+
+
+def test_a_b3_mesh_gets_decision_spans_in_its_traces(
+    tmp_path: Path, collector: tuple[Collector, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spans, port = collector
+    monkeypatch.setenv("OTEL_PROPAGATORS", "b3multi")
+    stack = traced_stack(tmp_path, port, monkeypatch)
+    try:
+        trace_id, parent_id = new_trace()
+        headers = {"x-b3-traceid": trace_id, "x-b3-spanid": parent_id, "x-b3-sampled": "1"}
+        assert stack.search(SEARCH, headers=headers).status == 200
+        assert wait_until(lambda: spans.decision(trace_id) is not None)
+        decision = spans.decision(trace_id)
+        assert decision is not None and decision.parent_span_id == parent_id
     finally:
         stack.stop()

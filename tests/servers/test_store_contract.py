@@ -1,7 +1,11 @@
-"""The MetadataStore contract, one suite run against every backend (SQLite, PostgreSQL).
+"""The MetadataStore contract, one suite run against every backend (SQLite, PostgreSQL,
+and PostgreSQL through PgBouncer in transaction pooling mode).
 
 PostgreSQL tests share one migrated database per module (tables emptied
-between tests); each test gets its own store and event loop.
+between tests); each test gets its own store and event loop. The PgBouncer
+runs share one PgBouncer per module that hands each transaction a different
+server connection than the last (``server_round_robin``), so a statement that
+relied on session state would fail here.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.store.postgres import PostgresStore
 from sidecar.store.sqlite import SqliteStore
 from sidecar.store.store import ChunkNotFound, LifecycleError, MetadataStore, StoreUnavailable
+from tests.fixtures.pgbouncer import PgBouncer, running_pgbouncer
 from tests.fixtures.records import chunk_record as record
 
 
@@ -49,7 +54,7 @@ class Backend:
 
 def _signed_at(backend: str) -> object:
     moment = datetime(2025, 2, 1, 12, 0, tzinfo=UTC)
-    return moment if backend == "postgresql" else "2025-02-01T12:00:00.000000Z"
+    return moment if backend != "sqlite" else "2025-02-01T12:00:00.000000Z"
 
 
 def _sqlite_backend(path: Path, runner: asyncio.Runner) -> Iterator[Backend]:
@@ -74,13 +79,22 @@ def _sqlite_backend(path: Path, runner: asyncio.Runner) -> Iterator[Backend]:
 
 
 def _postgres_backend(
-    url: str, runner: asyncio.Runner, monkeypatch: pytest.MonkeyPatch
+    url: str,
+    runner: asyncio.Runner,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    through: str | None = None,
+    name: str = "postgresql",
 ) -> Iterator[Backend]:
+    """The store on ``url``, or on ``through`` (the same database via PgBouncer)."""
     with psycopg.connect(url, autocommit=True) as connection:
         connection.execute("TRUNCATE chunks, electronic_signatures")
     # One pooled connection: a pool growing in the background would configure
     # its new connection while a test counts statements.
-    store = PostgresStore(url, pool_max_size=1)
+    if through is None:
+        store = PostgresStore(url, pool_max_size=1)
+    else:
+        store = PostgresStore(through, pool_max_size=1, pgbouncer=True, listen_url=url)
 
     def sql(statement: str, params: tuple[object, ...]) -> None:
         with psycopg.connect(url, autocommit=True) as connection:
@@ -102,20 +116,40 @@ def _postgres_backend(
             patch.setattr(psycopg.AsyncCursor, "execute", counting)
             yield statements
 
-    yield Backend("postgresql", store, runner.run, sql, count_statements)
+    yield Backend(name, store, runner.run, sql, count_statements)
     runner.run(store.aclose())
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+@pytest.fixture(scope="module")
+def bouncer(postgres_url: str) -> Iterator[PgBouncer]:
+    """PgBouncer in transaction mode with two server connections, used in turn."""
+    with running_pgbouncer(pool_size=2, server_round_robin=True) as running:
+        running.open_server_connections(postgres_url, 2)
+        yield running
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("postgresql", marks=pytest.mark.postgres),
+        pytest.param("pgbouncer", marks=[pytest.mark.postgres, pytest.mark.pgbouncer]),
+    ]
+)
 def backend(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Backend]:
     with asyncio.Runner() as runner:
         if request.param == "sqlite":
             yield from _sqlite_backend(tmp_path / "meta.db", runner)
-        else:
+        elif request.param == "postgresql":
             yield from _postgres_backend(
                 request.getfixturevalue("postgres_url"), runner, monkeypatch
+            )
+        else:
+            url = request.getfixturevalue("postgres_url")
+            through = request.getfixturevalue("bouncer").url(url)
+            yield from _postgres_backend(
+                url, runner, monkeypatch, through=through, name="pgbouncer"
             )
 
 
@@ -172,6 +206,16 @@ def test_more_than_a_thousand_ids_in_one_fetch(backend: Backend) -> None:
     backend.store.upsert(records)
     ids = [f"c-{n}" for n in range(2500)]
     assert backend.fetch(ids) == {r.chunk_id: r for r in records}
+
+
+def test_many_lookups_in_a_row(backend: Backend) -> None:
+    # More than psycopg's prepare threshold (5) on one pooled connection: a
+    # statement prepared on one server connection must not be looked for on
+    # another (PgBouncer's transaction pooling hands out a different one).
+    backend.store.upsert([record("c-1"), record("c-2")])
+    for n in range(12):
+        assert backend.fetch(["c-1", f"nope-{n}"]) == {"c-1": record("c-1")}
+    assert backend.store.get("c-2") == record("c-2")
 
 
 def test_fetch_is_a_single_statement(backend: Backend) -> None:

@@ -39,12 +39,17 @@ SETTING_FLAGS = {
     *("--event-loop", "--metrics", "--audit-log", "--audit-store", "--audit-chain-id"),
     *("--segment-bytes", "--segment-seconds", "--max-spool-bytes", "--retention-seconds"),
     "--message-timeout-ms",
-    # Since issue 25: Envoy's caps and the database's credential (`proxy`).
+    # Since issue 25: Envoy's caps and the database's credential (`proxy`), and the
+    # PostgreSQL connection budget.
     *("--max-connections", "--max-heap-bytes", "--max-concurrent-streams"),
     *("--upstream-credential-file", "--upstream-credential-header"),
     "--upstream-credential-prefix",
+    *("--store-pool-min", "--store-pool-max", "--store-pgbouncer", "--store-listen-url"),
 }
-NEGATIONS = {"--no-allow-plain-http", "--no-expose-grpc-listen", "--no-substitute-superseded"}
+NEGATIONS = {
+    *("--no-allow-plain-http", "--no-expose-grpc-listen", "--no-substitute-superseded"),
+    "--no-store-pgbouncer",
+}
 PROXY_ONLY = {
     "--upstream",
     "--grpc-upstream",
@@ -69,6 +74,7 @@ COMPANIONS = {
     "upstream_credential_prefix": [
         *("--upstream-credential-file", "credential", "--upstream-credential-header", "api-key")
     ],
+    "store_pool_min": ["--store-pool-max", "8"],
 }
 
 
@@ -106,6 +112,8 @@ def sample(spec: Setting) -> tuple[str, Any]:
         return "2.5", 2.5
     if value_type is Path:
         return "/srv/gate/sample", Path("/srv/gate/sample")
+    if spec.name == "store_listen_url":  # a PostgreSQL URL
+        return "postgresql://gate@db/gate", "postgresql://gate@db/gate"
     if value_type is str:
         return "sample", "sample"
     if spec.name == "jwt_credentials":  # a list of known names
@@ -158,6 +166,10 @@ def test_flags_whose_name_is_not_their_key() -> None:
         "--policy-bundle-public-key": "policy.bundle_public_key",
         "--policy-bundle-poll-seconds": "policy.bundle_poll_seconds",
         "--store": "store.url",
+        "--store-pool-min": "store.pool_min",
+        "--store-pool-max": "store.pool_max",
+        "--store-pgbouncer": "store.pgbouncer",
+        "--store-listen-url": "store.listen_url",
         "--cache-ttl-seconds": "cache.ttl_seconds",
         "--cache-size": "cache.size",
         "--negative-cache-ttl-seconds": "cache.negative_ttl_seconds",

@@ -56,7 +56,7 @@ def test_identity_is_required_and_its_modes_are_listed() -> None:
 
 
 def test_every_setting_is_in_exactly_one_group() -> None:
-    assert len(SETTINGS) == 66  # with routes and formats: 68
+    assert len(SETTINGS) == 70  # with routes and formats: 72
     assert len({spec.path for spec in SETTINGS}) == len(SETTINGS)
     assert len({spec.name for spec in SETTINGS}) == len(SETTINGS)
     assert [f.name for f in fields(Settings)] == [*GROUPS, "routes", "formats"]
@@ -354,6 +354,22 @@ def test_route_policy_resolves_push_down_and_overfetch() -> None:
             "policy.engine 'opa' needs policy.opa_url (--opa-url)",
         ),
         (
+            {"identity": "trusted-headers", "store_pool_min": 5, "store_pool_max": 4},
+            "store.pool_min must not be above store.pool_max",
+        ),
+        (
+            {
+                "identity": "trusted-headers",
+                "store": "postgresql://pgbouncer/gate",
+                "store_pgbouncer": True,
+            },
+            "store.pgbouncer needs store.listen_url (--store-listen-url)",
+        ),
+        (
+            {"identity": "trusted-headers", "store_listen_url": "sqlite:///x.db"},
+            "store.listen_url must be a postgresql:// URL",
+        ),
+        (
             {
                 "identity": "trusted-headers",
                 "policy_engine": "opa",
@@ -404,6 +420,28 @@ def test_cross_field_problems_are_named(overrides: dict[str, object], message: s
         load_settings(None, overrides)
     (problem,) = raised.value.problems
     assert message in problem
+
+
+def test_store_connection_settings() -> None:
+    settings = load_settings(
+        None,
+        {
+            "identity": "trusted-headers",
+            "store": "postgresql://gate@pgbouncer:6432/gate",
+            "store_pgbouncer": True,
+            "store_listen_url": "postgresql://gate@db:5432/gate",
+            "store_pool_min": 0,
+            "store_pool_max": 2,
+        },
+    )
+    store = settings.store
+    assert (store.pool_min, store.pool_max, store.pgbouncer) == (0, 2, True)
+    assert store.listen_url == "postgresql://gate@db:5432/gate"
+    defaults = load_settings(None, {"identity": "trusted-headers"}).store
+    assert (defaults.pool_min, defaults.pool_max, defaults.pgbouncer) == (1, 4, False)
+    assert defaults.listen_url is None  # the store's own URL
+    # With SQLite the PostgreSQL settings are not read, so not refused either.
+    load_settings(None, {"identity": "trusted-headers", "store_pgbouncer": True})
 
 
 def test_cross_field_checks_skip_a_refused_setting() -> None:

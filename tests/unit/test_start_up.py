@@ -25,6 +25,7 @@ from sidecar.envoy.ext_proc import ExternalProcessorServicer
 from sidecar.runtime import server as server_module
 from sidecar.runtime.envoy_drain import active_requests
 from sidecar.runtime.ports import free_port
+from sidecar.config.groups import StoreSettings
 from sidecar.runtime.server import Sidecar, SidecarServer, open_store_at_start
 from sidecar.store.open import PendingStore, is_outage
 from sidecar.store.store import SchemaMismatch, StoreUnavailable
@@ -93,11 +94,13 @@ def test_a_schema_at_another_version_and_other_errors_are_not_outages() -> None:
 
 def test_open_store_at_start_defers_an_outage_and_raises_a_misconfiguration() -> None:
     url = f"postgresql://127.0.0.1:{free_port()}/gate"
-    pending = open_store_at_start(url)
+    pending = open_store_at_start(StoreSettings(url=url))
     assert isinstance(pending, PendingStore) and not pending.opened
     assert "\n" not in pending.reason and "Connection refused" in pending.reason
     with pytest.raises(ValueError):
-        open_store_at_start("postgresql://127.0.0.1:5432/gate?sslmode=bogus&x=%zz")
+        open_store_at_start(
+            StoreSettings(url="postgresql://127.0.0.1:5432/gate?sslmode=bogus&x=%zz")
+        )
 
 
 def test_a_pending_store_is_unavailable_until_attached(tmp_path: Path) -> None:
@@ -197,12 +200,12 @@ def test_a_store_reached_and_then_refusing_the_login_ends_the_server(
         grpc_listen=f"unix:{tmp_path / 'gate.sock'}",
     )
 
-    def refused_login(url: str) -> None:
+    def refused_login(store: StoreSettings) -> None:
         raise failure('FATAL:  password authentication failed for user "gate"')
 
     async def run() -> None:
         server = SidecarServer(Sidecar.from_settings(settings))
-        monkeypatch.setattr(server_module, "open_store", refused_login)
+        monkeypatch.setattr(server_module, "open_metadata_store", refused_login)
         await server.start()
         try:
             await asyncio.wait_for(server.failure(), 5)

@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import SpanKind, StatusCode
 
 from sidecar import tracing
 from sidecar.audit.jsonl import JsonlAuditSink
@@ -49,18 +49,22 @@ from sidecar.core.reasons import Reason
 from sidecar.enforcement.response_filter import FilterResult, ResponseFilter
 from sidecar.formats.base import RequestRewrite
 from sidecar.metrics import GateMetrics
+from sidecar.postgres.dsn import parse_postgres_url
 from sidecar.rego.regorus_engine import RegorusEngine
 from sidecar.runtime.server import Sidecar
 from sidecar.runtime.tracing import (
     DEFAULT_SERVICE_NAME,
     TracedCacheObserver,
+    check_environment,
     gate_tracer,
+    propagator,
     start_tracing,
 )
 from sidecar.store.cache import CachedStore
 from sidecar.store.loader import parse_record
+from sidecar.store.postgres import endpoint
 from sidecar.store.sqlite import SqliteStore
-from sidecar.store.store import StoreUnavailable
+from sidecar.store.store import StoreEndpoint, StoreUnavailable
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.ext_proc_stream import (
     request_headers,
@@ -87,6 +91,7 @@ OTEL_VARIABLES = (
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "OTEL_EXPORTER_OTLP_PROTOCOL",
     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_PROPAGATORS",
 )
 SUCCESSOR_TEXT = "Revision 2 of chunk 5."
 RECORDS = [
@@ -107,9 +112,12 @@ MIXED = [
 
 @pytest.fixture(autouse=True)
 def no_otel_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test starts from a process environment without OTEL_* variables."""
+    """Every test starts from a process environment without OTEL_* variables, and
+    leaves the process's propagator (``start_tracing`` sets it) as it found it."""
     for name in OTEL_VARIABLES:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(tracing, "_propagator", tracing._propagator)
+    monkeypatch.setattr(tracing, "_fields", tracing._fields)
 
 
 class OutageStore(SqliteStore):
@@ -126,13 +134,21 @@ class OutageStore(SqliteStore):
 class Traced:
     """A ResponseFilter wired as the sidecar wires it with tracing on; spans kept in memory."""
 
-    def __init__(self, tmp_path: Path, settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        settings: Settings | None = None,
+        *,
+        store_endpoint: StoreEndpoint | None = None,
+    ) -> None:
         settings = settings or Settings()
         self.exporter = InMemorySpanExporter()
         # The SDK's default sampler, spelled out: the environment must not change it here.
         provider = TracerProvider(sampler=ParentBased(ALWAYS_ON))
         provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.inner = OutageStore(tmp_path / "gate.db")
+        if store_endpoint is not None:
+            self.inner.endpoint = store_endpoint  # as a PostgreSQL store says it
         observer = TracedCacheObserver(GateMetrics())
         self.store = CachedStore(self.inner, ttl=3600.0, observer=observer)
         self.store.upsert([parse_record(r) for r in RECORDS])
@@ -235,7 +251,11 @@ def test_the_store_lookup_is_a_child_span_with_cache_hits_and_misses(traced: Tra
         assert lookup.parent is not None
         assert lookup.parent.span_id == decision.context.span_id
         assert lookup.context.trace_id == decision.context.trace_id
+        # The gate calling its database: a CLIENT span (the decision is INTERNAL).
+        assert lookup.kind is SpanKind.CLIENT
+        assert decision.kind is SpanKind.INTERNAL
         assert attributes(lookup) == {
+            "db.system.name": "sqlite",  # in process: no server.address
             "retrieval_gate.lookup.purpose": "candidates",
             "retrieval_gate.lookup.ids": 4,
             "retrieval_gate.lookup.found": 3,
@@ -321,9 +341,62 @@ def test_a_store_outage_marks_the_lookup_and_the_rejections(traced: Traced) -> N
     assert attributes(lookup)["retrieval_gate.lookup.outcome"] == "unavailable"
     assert attributes(lookup)["retrieval_gate.lookup.unavailable"] == 4
     assert lookup.status.status_code is StatusCode.ERROR
+    assert attributes(lookup)["error.type"] == "StoreUnavailable"
     decision = attributes(one(spans, tracing.DECISION_SPAN))
     assert decision["retrieval_gate.rejected.METADATA_UNAVAILABLE"] == 4
     assert decision["retrieval_gate.outcome"] == "abstained"
+
+
+def test_a_postgresql_lookup_names_its_server_never_its_url(tmp_path: Path) -> None:
+    url = parse_postgres_url("postgresql://gate:s3cret@db.internal:6432/gate?sslmode=require")
+    traced = Traced(tmp_path, store_endpoint=endpoint(url))
+    traced.search(MIXED)
+
+    lookup = one(traced.spans(), tracing.LOOKUP_SPAN)
+    assert lookup.kind is SpanKind.CLIENT
+    values = attributes(lookup)
+    assert {k: v for k, v in values.items() if not k.startswith("retrieval_gate.")} == {
+        "db.system.name": "postgresql",
+        "server.address": "db.internal",
+        "server.port": 6432,
+    }
+    assert not any("s3cret" in str(v) or "gate:" in str(v) for v in values.values())
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("postgresql://gate@db:5433/gate", StoreEndpoint("postgresql", "db", 5433)),
+        ("postgresql://gate@db/gate", StoreEndpoint("postgresql", "db", 5432)),
+        ("postgresql://gate@a:5001,b:5002/gate", StoreEndpoint("postgresql", "a", 5001)),
+        (
+            "postgresql:///gate?host=/run/postgresql",
+            StoreEndpoint("postgresql", "/run/postgresql", 5432),
+        ),
+        ("postgresql:///gate", StoreEndpoint("postgresql", None, 5432)),
+    ],
+)
+def test_the_endpoint_is_where_libpq_connects_first(
+    monkeypatch: pytest.MonkeyPatch, url: str, expected: StoreEndpoint
+) -> None:
+    monkeypatch.delenv("PGHOST", raising=False)
+    monkeypatch.delenv("PGPORT", raising=False)
+    assert endpoint(parse_postgres_url(url)) == expected
+
+
+def test_an_exception_in_a_lookup_is_its_error_type() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    traces = tracing.Tracing(gate_tracer(provider), db_system="postgresql")
+    decision = traces.decision(
+        None, decision_id="d", request_id="r", format_name="f", mode="enforce"
+    )
+    with decision, pytest.raises(asyncio.CancelledError), traces.lookup("candidates", 1):
+        raise asyncio.CancelledError
+    lookup = one(list(exporter.get_finished_spans()), tracing.LOOKUP_SPAN)
+    assert attributes(lookup)["error.type"] == "CancelledError"
+    assert lookup.status.status_code is StatusCode.ERROR
 
 
 def test_an_undecidable_body_is_a_span_with_its_error_code(traced: Traced) -> None:
@@ -387,6 +460,8 @@ def test_every_attribute_is_documented() -> None:
         if name.isupper() and isinstance(value, str) and value.startswith("retrieval_gate.")
     ]
     assert len(names) > 20
+    names += [tracing.DB_SYSTEM_NAME, tracing.SERVER_ADDRESS, tracing.SERVER_PORT]
+    names += [tracing.ERROR_TYPE]
     missing = [name for name in names if f"`{name}" not in documented]
     assert missing == []
 
@@ -401,6 +476,8 @@ _DOCUMENTED = {
     for name, value in vars(tracing).items()
     if name.isupper() and isinstance(value, str) and value.startswith("retrieval_gate.")
 }
+_DOCUMENTED |= {tracing.DB_SYSTEM_NAME, tracing.SERVER_ADDRESS, tracing.SERVER_PORT}
+_DOCUMENTED |= {tracing.ERROR_TYPE}
 _REASON_COUNTS = {tracing.REJECTED_PREFIX + reason.value for reason in Reason}
 
 
@@ -548,6 +625,120 @@ def test_serve_refuses_a_wrong_exporter_before_it_serves(
     # With workers the parent checks before it spawns any: a message, not a dead worker.
     assert code == ExitCode.CANNOT_RUN
     assert "unknown exporter 'jaeger'" in capsys.readouterr().err
+
+
+B3_TRACE = "80f198ee56343ba864fe8b2a57d3eff7"
+B3_SPAN = "e457b5a2e4d86bd1"
+
+
+@pytest.mark.parametrize(
+    ("propagators", "headers"),
+    [
+        (None, {"traceparent": TRACEPARENT}),
+        ("tracecontext,baggage", {"traceparent": TRACEPARENT, "baggage": "k=v"}),
+        ("b3", {"b3": f"{B3_TRACE}-{B3_SPAN}-1"}),
+        (
+            "b3multi",
+            {"x-b3-traceid": B3_TRACE, "x-b3-spanid": B3_SPAN, "x-b3-sampled": "1"},
+        ),
+        (
+            "tracecontext,b3multi",
+            {"x-b3-traceid": B3_TRACE, "x-b3-spanid": B3_SPAN, "x-b3-sampled": "1"},
+        ),
+    ],
+    ids=["default", "tracecontext", "b3", "b3multi", "either"],
+)
+def test_otel_propagators_chooses_the_headers_the_parent_is_read_from(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    propagators: str | None,
+    headers: dict[str, str],
+) -> None:
+    if propagators is not None:
+        monkeypatch.setenv("OTEL_PROPAGATORS", propagators)
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    provider = start_tracing()  # sets the process's propagator
+    assert provider is not None
+    provider.shutdown()
+    request = {**headers, "x-request-id": "r", "content-type": "application/json"}
+    assert tracing.trace_context(request) == headers  # what the servicers pass on
+    traced = Traced(tmp_path)
+    traced.search(MIXED, tracing.trace_context(request))
+
+    decision = one(traced.spans(), tracing.DECISION_SPAN)
+    trace_id, span_id = (
+        (B3_TRACE, B3_SPAN) if "traceparent" not in headers else (TRACE_ID, PARENT_ID)
+    )
+    assert decision.context.trace_id == int(trace_id, 16)
+    assert decision.parent is not None and decision.parent.span_id == int(span_id, 16)
+
+
+def test_otel_propagators_none_reads_no_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_PROPAGATORS", "none")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    provider = start_tracing()
+    assert provider is not None
+    provider.shutdown()
+    assert tracing.trace_context({"traceparent": TRACEPARENT}) == {}
+    traced = Traced(tmp_path)
+    traced.search(MIXED, {"traceparent": TRACEPARENT})
+    assert one(traced.spans(), tracing.DECISION_SPAN).parent is None
+
+
+@pytest.mark.parametrize("value", ["b4", "tracecontext,jaeger", "none,b3"])
+def test_an_unknown_propagator_stops_the_start_naming_the_valid_ones(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("OTEL_PROPAGATORS", value)
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    with pytest.raises(ConfigError) as raised:
+        start_tracing()
+    (problem,) = raised.value.problems
+    assert problem.startswith("OTEL_PROPAGATORS: ")
+    assert "\n" not in problem
+    if "none" not in value:
+        assert problem.endswith("(one of b3, b3multi, baggage, tracecontext, none)")
+    # Read only when tracing is on: a mesh-wide value the gate does not use stops nothing.
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER")
+    check_environment()
+    assert start_tracing() is None
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_serve_refuses_an_unknown_propagator_with_exit_2(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    workers: int,
+) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    monkeypatch.setenv("OTEL_PROPAGATORS", "b3single")
+    code = cli_main(
+        [
+            "serve",
+            "--identity",
+            "trusted-headers",
+            "--store",
+            f"sqlite:///{tmp_path / 'gate.db'}",
+            "--grpc-listen",
+            f"unix:{tmp_path / 'gate.sock'}",
+            "--workers",
+            str(workers),
+        ]
+    )
+    assert code == ExitCode.CANNOT_RUN
+    assert int(code) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "OTEL_PROPAGATORS" in line]
+    assert errors == [
+        "error: OTEL_PROPAGATORS: unknown propagator 'b3single' "
+        "(one of b3, b3multi, baggage, tracecontext, none)"
+    ]
+
+
+def test_propagator_defaults_to_w3c_trace_context_and_baggage() -> None:
+    assert propagator().fields == {"traceparent", "tracestate", "baggage"}
 
 
 def test_the_service_name_is_the_variables_or_retrieval_gate(
