@@ -42,6 +42,7 @@ from fuzz_targets import ACCEPTED, REFUSED, OracleFailure, Target, header
 
 from sidecar.core.integrity import canonical_sha256
 from sidecar.rego.bundle import BundleError, read_bundle
+from sidecar.rego.bundle_signature import SignatureError, Verification, file_digest
 from sidecar.store.loader import RecordsInvalid, load_jsonl, parse_record, record_to_json
 from tests.fixtures.records import record_dict, text_for
 
@@ -143,14 +144,19 @@ def _archive(members: Sequence[_Member]) -> bytes:
     return gzip.compress(buffer.getvalue(), compresslevel=1, mtime=0)
 
 
+def _digest(member: _Member) -> str:
+    """The digest ``opa sign`` lists: data.json and .manifest over their JSON structure."""
+    try:
+        return file_digest(member.name.lstrip("/"), member.content, "SHA-256")
+    except SignatureError:
+        return hashlib.sha256(member.content).hexdigest()  # not JSON: the reader refuses it
+
+
 def _signed(members: list[_Member], tamper: bool) -> tuple[list[_Member], dict[str, str], str]:
     """The members with a ``.signatures.json`` over them, the hashes signed by name,
     and the name of the member changed after signing ("" for none)."""
     files = [m for m in members if m.kind == tarfile.REGTYPE and m.name != ".signatures.json"]
-    listed = [
-        {"name": m.name, "hash": hashlib.sha256(m.content).hexdigest(), "algorithm": "SHA-256"}
-        for m in files
-    ]
+    listed = [{"name": m.name, "hash": _digest(m), "algorithm": "SHA-256"} for m in files]
     token = jwt.encode({"files": listed}, _PRIVATE_PEM, algorithm="EdDSA")
     signature = _Member(tarfile.REGTYPE, ".signatures.json", orjson.dumps({"signatures": [token]}))
     hashes = {entry["name"].lstrip("/"): entry["hash"] for entry in listed}
@@ -182,7 +188,8 @@ def check_bundle(data: bytes) -> str:
             return REFUSED  # the harness cannot write such an archive
     key = _PUBLIC_PEM if flags & _SIGNED else None
     try:
-        bundle = read_bundle(blob, public_key=key)
+        verification = None if key is None else Verification(key, algorithm="EdDSA")
+        bundle = read_bundle(blob, verification=verification)
     except BundleError:
         return REFUSED
     if not bundle.rego:

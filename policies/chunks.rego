@@ -60,6 +60,9 @@ reasons := {c.id: sort((checks - passed) | status_denials) |
 		{"EXPIRED" | c.expires_at_ns == null} |
 		{"EXPIRED" | some now in nows; is_number(c.expires_at_ns); now < c.expires_at_ns}
 
+	# object.get, not c.status: OPA moves a reference out of a `not`, so with
+	# `not c.status in S` a chunk without a status would be undefined there, and
+	# admitted, while regorus denies it (open-policy-agent/opa#1877).
 	status_denials := {reason | reason := status_reasons[c.status]} |
-		{"POLICY_DENY" | not c.status in known_statuses}
+		{"POLICY_DENY" | not object.get(c, "status", null) in known_statuses}
 }

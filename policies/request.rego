@@ -87,8 +87,11 @@ owned(name) if {
 }
 
 # No delimiters (null): "*" matches across dots, as an Elasticsearch wildcard does
-# ([] would make "." one, so "fin*" would spare "finance.q1").
-pattern_spares(pattern, described) if not glob.match(pattern, null, described)
+# ([] would make "." one, so "fin*" would spare "finance.q1"). A positive proof:
+# glob.match must answer false. A pattern it cannot parse ("fin[*") is an error,
+# which an OPA server without strict builtin errors turns into "undefined"; under
+# `not`, that would spare every described collection.
+pattern_spares(pattern, described) if glob.match(pattern, null, described) == false
 
 pattern_spares(pattern, described) if owned(described)
 

@@ -45,8 +45,10 @@ test_route_without_collection_is_allowed if {
 	denials_with({"collections": [], "method": "GET", "path": "/", "route_kind": "read"}, owned) == []
 }
 
+# "Without data" is set here, not assumed: a bundle may carry collection data.
 test_without_data_everything_is_allowed if {
 	request.denials == [] with input as object.union(search, {"caller": {"tenant": "globex"}})
+		with data.retrieval_gate.collections as {}
 }
 
 test_empty_collections_allow_everything if denials_with({}, {}) == []

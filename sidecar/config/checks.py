@@ -137,10 +137,29 @@ def _bundle(settings: Settings) -> Iterator[str]:
         yield "policy.data is not used with policy.bundle: put data.json in the bundle"
 
 
-@_reads("policy.bundle", "policy.bundle_public_key")
+@_reads(
+    "policy.bundle",
+    "policy.bundle_public_key",
+    "policy.bundle_key_algorithm",
+    "policy.bundle_key_id",
+    "policy.bundle_scope",
+)
 def _bundle_key(settings: Settings) -> Iterator[str]:
-    if settings.policy.bundle_public_key is not None and settings.policy.bundle is None:
+    policy = settings.policy
+    if policy.bundle_public_key is not None and policy.bundle is None:
         yield "policy.bundle_public_key needs policy.bundle (--policy-bundle)"
+    # A verification detail without a key to verify with would be silently unused.
+    unused = [
+        name
+        for name, value, default in (
+            ("bundle_key_algorithm", policy.bundle_key_algorithm, "RS256"),
+            ("bundle_key_id", policy.bundle_key_id, "default"),
+            ("bundle_scope", policy.bundle_scope, ""),
+        )
+        if value != default
+    ]
+    if unused and policy.bundle_public_key is None:
+        yield f"policy.{unused[0]} needs policy.bundle_public_key"
 
 
 @_reads("policy.engine", "policy.data", "policy.opa_url")

@@ -35,6 +35,21 @@ class PolicyEngineName(StrEnum):
     OPA = "opa"  # an OPA server's REST Data API at policy.opa_url
 
 
+class BundleKeyAlgorithm(StrEnum):
+    """The JWT algorithms a bundle signature may use: asymmetric only, as OPA names them."""
+
+    RS256 = "RS256"
+    RS384 = "RS384"
+    RS512 = "RS512"
+    PS256 = "PS256"
+    PS384 = "PS384"
+    PS512 = "PS512"
+    ES256 = "ES256"
+    ES384 = "ES384"
+    ES512 = "ES512"
+    EDDSA = "EdDSA"
+
+
 class EventLoopName(StrEnum):
     AUTO = "auto"  # uvloop where it is installed, else asyncio's own
     UVLOOP = "uvloop"
@@ -242,6 +257,25 @@ class PolicySettings(Group, group="policy"):
         name="policy_bundle_public_key",
         help="PEM public key the bundle's .signatures.json must verify with; unsigned "
         "or tampered bundles are refused (default: signatures not checked)",
+    )
+    # OPA's verification config with this one key (sidecar/rego/bundle_signature.py).
+    bundle_key_algorithm: BundleKeyAlgorithm = setting(
+        BundleKeyAlgorithm.RS256,
+        name="policy_bundle_key_algorithm",
+        help="the one JWT algorithm the bundle signature may use, as OPA's key `algorithm`",
+    )
+    bundle_key_id: str = setting(
+        "default",
+        name="policy_bundle_key_id",
+        check=_non_empty,
+        help="the key's id: a signature naming another key id (JWT kid, or the keyid claim) "
+        "is refused",
+    )
+    bundle_scope: str = setting(
+        "",
+        name="policy_bundle_scope",
+        default_text="none",
+        help="the scope the signature's payload must carry, as OPA's `scope` (default: none)",
     )
     # A zero interval would poll without pause.
     bundle_poll_seconds: float = setting(

@@ -2,10 +2,11 @@
 
 A bundle holds ``.rego`` files (unit tests, ``*_test.rego``, included), ``data.json``
 files (each one's document sits at the path of its directory: ``a/b/data.json`` is
-``data.a.b``), a ``.manifest`` (``revision``, ``roots``) and, when signed, a
-``.signatures.json``: ``{"signatures": ["<JWT>"]}`` whose payload lists every other
-file with its SHA-256 (``{"files": [{"name", "hash", "algorithm"}]}``), signed with
-the private key matching the configured public key (RS*, PS*, ES* or EdDSA).
+``data.a.b``), a ``.manifest`` (``revision``, ``roots``, ``rego_version``) and, when
+signed, a ``.signatures.json`` (checked as OPA checks it:
+``sidecar.rego.bundle_signature``). What ``opa build`` and ``opa sign`` write is
+accepted: a policy-only bundle (``roots`` and a ``data.json`` of ``{}``, or no
+data at all) included.
 
 Nothing is extracted to disk: members are read in memory, within size limits, and
 a path that is absolute after OPA's leading ``/``, climbs with ``..`` or is not a
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import hmac
 import io
 import posixpath
 import tarfile
@@ -25,10 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import jwt
 import orjson
 
 from sidecar.core.policy import PolicyError
+from sidecar.rego.bundle_signature import SignatureError, Verification, verify_signatures
 from sidecar.rego.regorus_engine import compile_sources, package_path
 
 # Limits: a bundle is policy and small reference data, never a data set.
@@ -43,11 +43,6 @@ SIGNATURES = ".signatures.json"
 _DATA_FILE = "data.json"
 # OPA's other file kinds, which this gate cannot honour: refused, never ignored.
 _UNSUPPORTED = frozenset({"data.yaml", "data.yml", "patch.json", "policy.wasm"})
-# Asymmetric algorithms only: a bundle is verified with a public key, never a shared secret.
-_ALGORITHMS = [
-    *("RS256", "RS384", "RS512", "PS256", "PS384", "PS512"),
-    *("ES256", "ES384", "ES512", "EdDSA"),
-]
 
 # BundleError reasons, a closed set: the label of the refused-bundles metric.
 FORMAT = "format"
@@ -86,24 +81,32 @@ class Bundle:
         return {name: text for name, text in self.rego.items() if not _is_test(name)}
 
 
-def read_bundle(blob: bytes, *, public_key: bytes | None = None) -> Bundle:
+def read_bundle(blob: bytes, *, verification: Verification | None = None) -> Bundle:
     """Read and check the bundle ``blob`` (a ``.tar.gz``).
 
-    With ``public_key`` (PEM) the bundle must carry one signature, made with
-    the matching private key, over exactly its files, and every file's hash
-    must match. Without it, ``.signatures.json`` is not read. Raises
-    BundleError.
+    With ``verification`` the bundle must carry one signature, made with the
+    configured key and algorithm, over exactly its files, and every file's
+    digest must match. Without it, a bundle that carries a signature is
+    refused too: OPA refuses to activate a signed bundle it cannot verify, and
+    a signature nobody checks would only look like protection. Raises BundleError.
     """
     if len(blob) > MAX_BUNDLE_BYTES:
         raise BundleError(TOO_LARGE, f"bundle is over {MAX_BUNDLE_BYTES} bytes")
     files = _members(blob)
     signatures = files.pop(SIGNATURES, None)
-    if public_key is not None:
+    if verification is not None:
         if signatures is None:
             raise BundleError(UNSIGNED, f"bundle has no {SIGNATURES} and a public key is set")
-        _verify(files, signatures, public_key)
-    manifest = _manifest(files.pop(MANIFEST, None))
-    revision, roots = manifest
+        try:
+            verify_signatures(files, signatures, verification)
+        except SignatureError as exc:
+            raise BundleError(SIGNATURE, str(exc)) from None
+    elif signatures is not None:
+        raise BundleError(
+            SIGNATURE,
+            f"bundle carries {SIGNATURES} but no policy.bundle_public_key is set to verify it",
+        )
+    revision, roots = _manifest(files.pop(MANIFEST, None))
     rego: dict[str, str] = {}
     data: dict[str, Any] = {}
     for name, content in sorted(files.items()):
@@ -122,7 +125,7 @@ def read_bundle(blob: bytes, *, public_key: bytes | None = None) -> Bundle:
         roots=roots,
         rego=rego,
         data=data,
-        signed=public_key is not None,
+        signed=verification is not None,
         digest=hashlib.sha256(blob).hexdigest(),
     )
 
@@ -200,56 +203,37 @@ def _manifest(content: bytes | None) -> tuple[str, tuple[str, ...]]:
     roots = manifest.get("roots", [""])
     if not isinstance(roots, list) or not all(isinstance(root, str) for root in roots):
         raise BundleError(FORMAT, f"{MANIFEST}: roots must be a list of strings")
-    return revision, tuple(root.strip("/") for root in roots)
+    stripped = tuple(root.strip("/") for root in roots)
+    _check_no_overlap(stripped)
+    _check_rego_versions(manifest)
+    return revision, stripped
 
 
-def _verify(files: Mapping[str, bytes], signatures: bytes, public_key: bytes) -> None:
-    document = _json(SIGNATURES, signatures)
-    tokens = document.get("signatures") if isinstance(document, dict) else None
-    if not isinstance(tokens, list) or len(tokens) != 1 or not isinstance(tokens[0], str):
-        raise BundleError(SIGNATURE, f"{SIGNATURES} must hold exactly one signature")
-    try:
-        claims = jwt.decode(
-            tokens[0],
-            public_key,
-            algorithms=_ALGORITHMS,
-            options={"verify_aud": False, "verify_iss": False},
-        )
-    except jwt.PyJWTError as exc:
-        raise BundleError(SIGNATURE, f"bundle signature not valid: {type(exc).__name__}") from None
-    listed = claims.get("files")
-    if not isinstance(listed, list):
-        raise BundleError(SIGNATURE, "signature payload has no files list")
-    hashes: dict[str, str] = {}
-    for entry in listed:
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            raise BundleError(SIGNATURE, "signature payload has a malformed file entry")
-        algorithm = str(entry.get("algorithm", "SHA-256")).upper()
-        if algorithm != "SHA-256" or not isinstance(entry.get("hash"), str):
-            raise BundleError(SIGNATURE, f"{entry['name']}: only SHA-256 file hashes are accepted")
-        hashes[entry["name"].lstrip("/")] = entry["hash"].lower()
-    if hashes.keys() != files.keys():
-        unsigned = len(files.keys() - hashes.keys())
-        missing = len(hashes.keys() - files.keys())
-        raise BundleError(
-            SIGNATURE, f"signed file list differs: {unsigned} files unsigned, {missing} missing"
-        )
-    for name, content in files.items():
-        if not _hash_matches(name, content, hashes[name]):
-            raise BundleError(SIGNATURE, f"{name}: hash does not match its signature")
+def _check_no_overlap(roots: tuple[str, ...]) -> None:
+    """OPA refuses roots of which one contains another: two bundles could claim one path."""
+    for index, root in enumerate(roots):
+        for other in roots[index + 1 :]:
+            if "" in (root, other) or _under_roots(root, (other,)) or _under_roots(other, (root,)):
+                raise BundleError(
+                    ROOTS, f"{MANIFEST}: roots {root or '/'!r} and {other or '/'!r} overlap"
+                )
 
 
-def _hash_matches(name: str, content: bytes, expected: str) -> bool:
-    if hmac.compare_digest(hashlib.sha256(content).hexdigest(), expected):
-        return True
-    if not (name.endswith(".json") or name == MANIFEST):
-        return False
-    # OPA hashes JSON files as their compact, key-sorted encoding.
-    try:
-        canonical = orjson.dumps(orjson.loads(content), option=orjson.OPT_SORT_KEYS)
-    except orjson.JSONDecodeError:
-        return False
-    return hmac.compare_digest(hashlib.sha256(canonical).hexdigest(), expected)
+def _check_rego_versions(manifest: dict[str, Any]) -> None:
+    """The gate evaluates Rego v1; a bundle that declares v0 files is refused, not misread."""
+    declared = manifest.get("rego_version", 1)
+    per_file = manifest.get("file_rego_versions", {})
+    if not isinstance(per_file, dict):
+        raise BundleError(FORMAT, f"{MANIFEST}: file_rego_versions must be an object")
+    for where, version in [("rego_version", declared), *per_file.items()]:
+        if type(version) is not int or version not in (0, 1):
+            raise BundleError(FORMAT, f"{MANIFEST}: {where}: the Rego version must be 0 or 1")
+        if version == 0:
+            raise BundleError(
+                FORMAT,
+                f"{MANIFEST}: {where} declares Rego v0, which this gate does not evaluate; "
+                "convert the policy with `opa fmt --v0-v1` and rebuild the bundle",
+            )
 
 
 def _text(name: str, content: bytes) -> str:
@@ -319,9 +303,10 @@ def _under_roots(path: str, roots: tuple[str, ...]) -> bool:
 
 def _data_leaves(node: Any, prefix: str) -> list[str]:
     """The paths to check against the roots: descend while an object could still
-    hold a root deeper down."""
+    hold a root deeper down. An empty root object is no data at all: it is what
+    ``opa build`` writes for a policy-only bundle."""
     if not isinstance(node, dict) or not node:
-        return [prefix]
+        return [prefix] if prefix or node != {} else []
     paths = []
     for key, value in node.items():
         path = f"{prefix}/{key}" if prefix else key

@@ -24,6 +24,7 @@ import orjson
 
 from sidecar.core.policy import PolicyError
 from sidecar.rego.bundle import Bundle, BundleError, read_bundle
+from sidecar.rego.bundle_signature import Verification
 
 # The runner's internals are reused so that a bundle's tests run exactly as
 # `retrieval-gate policy test` runs a directory's, but with the bundle's data.
@@ -108,12 +109,12 @@ class ReloadingPolicy:
         self,
         first: PolicyRevision,
         *,
-        public_key: bytes | None = None,
+        verification: Verification | None = None,
         observer: ReloadObserver | None = None,
     ) -> None:
-        """Start with ``first`` active; later bundles are verified with ``public_key``."""
+        """Start with ``first`` active; later bundles are checked with ``verification``."""
         self._active = first
-        self._public_key = public_key
+        self._verification = verification
         self._observer = observer
         self._pinned = threading.local()
         # The gate decides at construction whether to cache verdicts, so every
@@ -160,7 +161,7 @@ class ReloadingPolicy:
         """
         error: BundleError | None = None
         try:
-            revision = prepare_revision(read_bundle(blob, public_key=self._public_key))
+            revision = prepare_revision(read_bundle(blob, verification=self._verification))
         except BundleError as exc:
             error = BundleError(exc.reason, str(exc))
         if error is not None:

@@ -33,6 +33,7 @@ from sidecar.rego.bundle import (
     BundleError,
     read_bundle,
 )
+from sidecar.rego.bundle_signature import Verification
 from sidecar.rego.reloading import (
     RELOAD_REASONS,
     PolicyRevision,
@@ -207,32 +208,45 @@ def load_bundle_policy(settings: Settings, metrics: GateMetrics) -> PolicySource
     usable: with no last good revision, the sidecar must not start.
     """
     assert settings.policy.bundle is not None  # the caller checks
-    public_key = None
-    if settings.policy.bundle_public_key is not None:
-        try:
-            public_key = settings.policy.bundle_public_key.read_bytes()
-        except OSError as exc:
-            raise ConfigError(
-                f"policy_bundle_public_key {settings.policy.bundle_public_key}: {exc}"
-            ) from exc
+    verification = bundle_verification(settings)
     fetcher = bundle_fetcher(settings.policy.bundle)
     try:
         blob = fetcher.fetch()
         assert blob is not None  # the first fetch always has a bundle
-        first = prepare_revision(read_bundle(blob, public_key=public_key))
+        first = prepare_revision(read_bundle(blob, verification=verification))
     except BundleError as exc:
         raise ConfigError(
             f"policy_bundle {_display(settings.policy.bundle)} refused ({exc.reason}): {exc}"
         ) from None
-    policy = ReloadingPolicy(first, public_key=public_key, observer=MetricsObserver(metrics))
+    policy = ReloadingPolicy(first, verification=verification, observer=MetricsObserver(metrics))
     log.info(
         "policy bundle revision %r (%s) loaded from %s%s",
         first.revision,
         first.version,
         _display(settings.policy.bundle),
-        ", signature verified" if public_key is not None else "",
+        ", signature verified" if verification is not None else "",
     )
     return PolicySource(fetcher, policy, poll_seconds=settings.policy.bundle_poll_seconds)
+
+
+def bundle_verification(settings: Settings) -> Verification | None:
+    """How bundle signatures are checked, or None without ``policy.bundle_public_key``.
+
+    Raises ConfigError when the key file cannot be read.
+    """
+    policy = settings.policy
+    if policy.bundle_public_key is None:
+        return None
+    try:
+        public_key = policy.bundle_public_key.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"policy_bundle_public_key {policy.bundle_public_key}: {exc}") from exc
+    return Verification(
+        public_key,
+        algorithm=str(policy.bundle_key_algorithm),
+        key_id=policy.bundle_key_id,
+        scope=policy.bundle_scope,
+    )
 
 
 def bundle_display(settings: Settings) -> str:

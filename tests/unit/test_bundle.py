@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from sidecar.rego import bundle as bundle_module
 from sidecar.rego.bundle import BundleError, read_bundle
+from sidecar.rego.bundle_signature import Verification
 from tests.fixtures.bundles import make_bundle, policy_files, rsa_pair, signatures_for, tar_gz
 
 
@@ -27,9 +28,12 @@ def keys() -> tuple[bytes, bytes]:
     return rsa_pair()
 
 
-def _refused(reason: str, blob: bytes, public_key: bytes | None = None) -> BundleError:
+def _refused(
+    reason: str, blob: bytes, public_key: bytes | None = None, **verifying: str
+) -> BundleError:
+    verification = None if public_key is None else Verification(public_key, **verifying)
     with pytest.raises(BundleError) as caught:
-        read_bundle(blob, public_key=public_key)
+        read_bundle(blob, verification=verification)
     assert caught.value.reason == reason, str(caught.value)
     return caught.value
 
@@ -129,7 +133,9 @@ def test_conflicting_data_files_are_refused() -> None:
 
 def test_a_valid_signature_is_accepted(keys: tuple[bytes, bytes]) -> None:
     private, public = keys
-    bundle = read_bundle(make_bundle(policy_files(), private_key=private), public_key=public)
+    bundle = read_bundle(
+        make_bundle(policy_files(), private_key=private), verification=Verification(public)
+    )
     assert bundle.signed and bundle.revision == "r1"
 
 
@@ -142,7 +148,7 @@ def test_an_es256_signature_is_accepted() -> None:
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
     blob = make_bundle(policy_files(), private_key=private, algorithm="ES256")
-    assert read_bundle(blob, public_key=public).signed
+    assert read_bundle(blob, verification=Verification(public, algorithm="ES256")).signed
 
 
 def test_json_hashed_as_opa_does_is_accepted(keys: tuple[bytes, bytes]) -> None:
@@ -154,7 +160,7 @@ def test_json_hashed_as_opa_does_is_accepted(keys: tuple[bytes, bytes]) -> None:
     canonical = orjson.dumps(orjson.loads(data), option=orjson.OPT_SORT_KEYS)
     token_members = {**members, "data.json": canonical}
     signed[".signatures.json"] = signatures_for(token_members, private, "RS256")
-    assert read_bundle(tar_gz(signed), public_key=public).data == {
+    assert read_bundle(tar_gz(signed), verification=Verification(public)).data == {
         "retrieval_gate": {"a": 2, "b": 1}
     }
 

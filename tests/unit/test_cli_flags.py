@@ -27,6 +27,7 @@ SETTING_FLAGS = {
     *("--identity", "--store", "--mode", "--text-field", "--id-field", "--policy-dir"),
     *("--policy-data", "--policy-engine", "--opa-url", "--opa-token-file", "--opa-timeout-ms"),
     *("--opa-ca-file", "--policy-bundle", "--policy-bundle-public-key"),
+    *("--policy-bundle-key-algorithm", "--policy-bundle-key-id", "--policy-bundle-scope"),
     *("--policy-bundle-poll-seconds", "--custom-reasons", "--metric-collections", "--jwks"),
     *("--jwt-public-key", "--jwt-hmac-secret-file", "--issuer", "--audience", "--jwks-relay"),
     *("--jwt-credentials", "--jwt-leeway-seconds", "--jwt-payload-key", "--tenant-claim"),
@@ -75,6 +76,10 @@ COMPANIONS = {
         *("--upstream-credential-file", "credential", "--upstream-credential-header", "api-key")
     ],
     "store_pool_min": ["--store-pool-max", "8"],
+    **{
+        name: ["--policy-bundle", "bundle.tar.gz", "--policy-bundle-public-key", "k.pem"]
+        for name in ("policy_bundle_key_algorithm", "policy_bundle_key_id", "policy_bundle_scope")
+    },
 }
 
 
@@ -164,6 +169,9 @@ def test_flags_whose_name_is_not_their_key() -> None:
         "--policy-data": "policy.data",
         "--policy-bundle": "policy.bundle",
         "--policy-bundle-public-key": "policy.bundle_public_key",
+        "--policy-bundle-key-algorithm": "policy.bundle_key_algorithm",
+        "--policy-bundle-key-id": "policy.bundle_key_id",
+        "--policy-bundle-scope": "policy.bundle_scope",
         "--policy-bundle-poll-seconds": "policy.bundle_poll_seconds",
         "--store": "store.url",
         "--store-pool-min": "store.pool_min",

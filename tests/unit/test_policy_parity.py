@@ -1,11 +1,11 @@
 """Parity: the in-process engine and the OPA engine decide alike on the same inputs.
 
-The OPA side goes through OpaEngine's HTTP path to a FAKE OPA
-(tests/fixtures/fake_opa.py) that evaluates the same bundled policy on
-regorus: this checks the two transports (input serialisation, exact
-nanosecond integers, result checks, errors) on generated inputs, not OPA's
-Go evaluator, which cannot run here. Both engines must give the same reasons
-per chunk, or both refuse the input with a PolicyError.
+The OPA side goes through OpaEngine's HTTP path to a FAKE OPA server
+(tests/fixtures/fake_opa.py) whose decisions are OPA's own Go evaluator's:
+this checks OPA's semantics against regorus's and the transport (input
+serialisation, exact nanosecond integers, result checks, errors) on
+generated inputs. Both engines must give the same reasons per chunk, or both
+refuse the input with a PolicyError.
 """
 
 from __future__ import annotations
