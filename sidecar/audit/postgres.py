@@ -287,10 +287,14 @@ class PostgresAuditSink:
 
     def _connect(self) -> psycopg.Connection[Any]:
         """Connect and find where to resume: after the chain's last row in PostgreSQL."""
+        # No server-side prepared statements: behind PgBouncer in transaction
+        # mode the next batch may run on a session that never prepared them. One
+        # INSERT per batch gains nothing from preparing anyway.
         connection = psycopg.connect(
             self._url.url,
             connect_timeout=CONNECT_TIMEOUT_SECONDS,
             application_name="retrieval-gate-audit",
+            prepare_threshold=None,
         )
         try:
             ensure_schema(connection)

@@ -465,9 +465,7 @@ class SidecarServer:
             await asyncio.sleep(delay)
             delay = min(delay * 2, STORE_RETRY_MAX_SECONDS)
             try:
-                store = await asyncio.to_thread(
-                    open_metadata_store, self.sidecar.settings.store
-                )
+                store = await asyncio.to_thread(open_metadata_store, self.sidecar.settings.store)
             except StoreUnavailable as exc:
                 if not is_outage(exc):
                     raise ConfigError(one_line(str(exc))) from None

@@ -94,13 +94,6 @@ def test_audit_records_ship_through_pgbouncer(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sidecar/audit/postgres.py connects with psycopg's default prepare_threshold (5): "
-    "behind transaction pooling every sixth batch's prepared INSERT reaches a server session "
-    "that lacks it, fails and is shipped again after a reconnect; PostgresAuditSink._connect "
-    "needs prepare_threshold=None (sidecar/audit is being changed elsewhere)",
-)
 def test_audit_shipping_through_pgbouncer_fails_no_batch(
     bouncer: PgBouncer, postgres_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

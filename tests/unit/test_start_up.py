@@ -20,12 +20,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar.config import ConfigError, IdentityMode
+from sidecar.config.groups import StoreSettings
 from sidecar.envoy.ext_authz import AuthorizationServicer
 from sidecar.envoy.ext_proc import ExternalProcessorServicer
 from sidecar.runtime import server as server_module
 from sidecar.runtime.envoy_drain import active_requests
 from sidecar.runtime.ports import free_port
-from sidecar.config.groups import StoreSettings
 from sidecar.runtime.server import Sidecar, SidecarServer, open_store_at_start
 from sidecar.store.open import PendingStore, is_outage
 from sidecar.store.store import SchemaMismatch, StoreUnavailable
