@@ -47,12 +47,15 @@ CACHE_TTL_S = 1.0
 WORKERS = 2
 
 # The rule of the bundled chunk policy that the fault matrix's failing policies extend.
-DENY_UNKNOWN = b'{"POLICY_DENY" | not c.status in known_statuses}'
+DENY_UNKNOWN = b'{"POLICY_DENY" | not object.get(c, "status", null) in known_statuses}'
 
 
 def _bundle(private_key: bytes, revision: str, chunk_rule: bytes = DENY_UNKNOWN) -> bytes:
     files = blocking_files([])
     name = "retrieval_gate/chunks.rego"
+    # A rule that is not there would leave the policy unchanged and the fault uninjected.
+    if DENY_UNKNOWN not in files[name]:
+        raise ValueError(f"{name} no longer holds the rule the fault bundles extend")
     files[name] = files[name].replace(DENY_UNKNOWN, chunk_rule, 1)
     return make_bundle(files, revision=revision, private_key=private_key)
 

@@ -369,6 +369,18 @@ def health() -> list[timeseries.Panel]:
                 ),
             ],
         ),
+        graph(
+            "Audit segments deleted",
+            "Sealed segments of the audit log deleted per second: shipped (PostgreSQL read "
+            "back to hold every record) or retention (no store: those records are gone).",
+            "ops",
+            [
+                (
+                    summed("reason", of_job("retrieval_gate_audit_segments_deleted_total")),
+                    "{{reason}}",
+                )
+            ],
+        ),
     ]
 
 

@@ -234,9 +234,15 @@ def test_connections_beyond_the_cap_are_closed_and_underscored_headers_dropped(
         # underscores never reaches the database.
         path = "/collections/docs/points/search"
         stack.upstream.respond("POST", path, CannedResponse(qb.encode(qb.search_body([]))))
-        assert wait_until(
-            lambda: stack.search(path, headers={"x_gate_tenant": "globex"}).status == 200
-        )
+
+        def answered() -> bool:
+            # Closed connections leave the count when the monitor next refreshes.
+            try:
+                return stack.search(path, headers={"x_gate_tenant": "globex"}).status == 200
+            except OSError:
+                return False
+
+        assert wait_until(answered)
         seen = [r for r in stack.upstream.requests if r.path == path][-1]
         assert not [name for name in seen.headers if "_" in name]
     finally:
