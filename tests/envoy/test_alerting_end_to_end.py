@@ -36,27 +36,22 @@ Without the executables the test skips on a laptop and fails in CI
 from __future__ import annotations
 
 import re
-import shutil
-import signal
-import subprocess
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 import yaml  # type: ignore[import-untyped]
 
 from sidecar.demo.upstream import CannedResponse, FixtureUpstream
-from sidecar.runtime.envoy_process import envoy_command, read_admin_address
-from sidecar.runtime.ports import free_port
-from tests.envoy.test_grafana import as_sent, committed, targets
-from tests.fixtures.harness import GateStack, http, wait_until
+from tests.fixtures.alertmanager import Alertmanager, Webhook, require_alertmanager
+from tests.fixtures.database_proxy import DatabaseProxy
+from tests.fixtures.grafana import as_sent, committed, targets
+from tests.fixtures.harness import GateStack, http
 from tests.fixtures.prometheus import (
     CLEAN_BODY,
     DRIFT_BODY,
@@ -68,7 +63,6 @@ from tests.fixtures.prometheus import (
     fast_rules,
     require_prometheus,
 )
-from tests.fixtures.servers import server_missing
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.envoy]
 
@@ -97,232 +91,6 @@ HEALTH_PANELS = {
     "Bypass: database requests vs gate requests",
     "Audit spool",
 }
-
-
-# --- Alertmanager and its webhook receiver ------------------------------------
-
-
-def require_alertmanager() -> str:
-    """The Alertmanager executable; skips (laptop) or fails (CI) the running test without it."""
-    # Debian names it prometheus-alertmanager; upstream's release, alertmanager.
-    executable = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-    if executable is None:
-        server_missing(
-            "Alertmanager is not installed (Debian: apt-get install prometheus-alertmanager)"
-        )
-    return executable
-
-
-class Webhook:
-    """An Alertmanager webhook receiver on loopback: keeps every alert it is sent."""
-
-    def __init__(self) -> None:
-        self.received: list[dict[str, Any]] = []  # the alerts of every notification
-        self._lock = threading.Lock()
-        webhook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("content-length", "0"))
-                payload = orjson.loads(self.rfile.read(length))
-                with webhook._lock:
-                    webhook.received.extend(payload["alerts"])
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/alerts"
-
-    def start(self) -> Webhook:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def alerts(self, status: str) -> list[dict[str, Any]]:
-        """Labels of the alerts received with ``status`` (firing, resolved), in order."""
-        with self._lock:
-            return [alert["labels"] for alert in self.received if alert["status"] == status]
-
-    def firing(self, name: str) -> list[dict[str, Any]]:
-        return [labels for labels in self.alerts("firing") if labels["alertname"] == name]
-
-
-class Alertmanager:
-    """The Alertmanager server on loopback, one route: every alert to ``webhook``."""
-
-    def __init__(self, workdir: Path, webhook: Webhook, executable: str) -> None:
-        self.workdir = workdir
-        self.port = free_port()
-        self.log = workdir / "alertmanager.log"
-        self._executable = executable
-        self._process: subprocess.Popen[bytes] | None = None
-        config = {
-            "route": {
-                "receiver": "webhook",
-                # Every alert its own group, sent at once: the test reads each.
-                "group_by": ["..."],
-                "group_wait": "0s",
-                "group_interval": "1s",
-                "repeat_interval": "1h",
-            },
-            "receivers": [
-                {
-                    "name": "webhook",
-                    "webhook_configs": [{"url": webhook.url, "send_resolved": True}],
-                }
-            ],
-        }
-        self.config = workdir / "alertmanager.yml"
-        self.config.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> Alertmanager:
-        with self.log.open("ab") as out:
-            self._process = subprocess.Popen(
-                [
-                    self._executable,
-                    f"--config.file={self.config}",
-                    f"--storage.path={self.workdir / 'data'}",
-                    f"--web.listen-address={self.address}",
-                    "--cluster.listen-address=",  # no peers: no gossip port
-                ],
-                stdout=out,
-                stderr=out,
-            )
-
-        def ready() -> bool:
-            assert self._process is not None
-            if self._process.poll() is not None:
-                raise RuntimeError(f"alertmanager exited:\n{self.log.read_text()[-3000:]}")
-            try:
-                return http("GET", f"http://{self.address}/-/ready").status == 200
-            except OSError:
-                return False
-
-        if not wait_until(ready, 30):
-            self.stop()
-            raise TimeoutError(f"alertmanager did not become ready:\n{self.log.read_text()}")
-        return self
-
-    def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.send_signal(signal.SIGTERM)
-            try:
-                self._process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-
-
-# --- The database and the proxy in front of it ---------------------------------
-
-
-# Every request to the database, counted under the stat prefix `database`.
-HCM = (
-    "type.googleapis.com/envoy.extensions.filters.network."
-    "http_connection_manager.v3.HttpConnectionManager"
-)
-DATABASE_PROXY_BOOTSTRAP = """
-admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: 0}}}}
-static_resources:
-  listeners:
-  - name: database
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": {hcm}
-          stat_prefix: database
-          route_config:
-            virtual_hosts:
-            - name: database
-              domains: ["*"]
-              routes: [{{match: {{prefix: /}}, route: {{cluster: database}}}}]
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: database
-    type: STATIC
-    connect_timeout: 1s
-    load_assignment:
-      cluster_name: database
-      endpoints:
-      - lb_endpoints:
-        - endpoint:
-            address: {{socket_address: {{address: 127.0.0.1, port_value: {database_port}}}}}
-"""
-
-
-class DatabaseProxy:
-    """A real Envoy in front of the fixture database: the database's own proxy.
-
-    It stands where istio-proxy stands in a mesh (every request to the
-    database passes it, the gate's and anyone else's) and counts requests
-    under the stat prefix ``database``.
-    """
-
-    def __init__(self, workdir: Path, database: FixtureUpstream) -> None:
-        self.workdir = workdir
-        self.port = free_port()
-        self.admin: tuple[str, int] | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-        database_port = int(database.url.rsplit(":", 1)[1])
-        self.bootstrap = yaml.safe_load(
-            DATABASE_PROXY_BOOTSTRAP.format(port=self.port, database_port=database_port, hcm=HCM)
-        )
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> DatabaseProxy:
-        config = self.workdir / "database-proxy.json"
-        config.write_bytes(orjson.dumps(self.bootstrap))
-        admin_file = self.workdir / "database-proxy-admin"
-        log = (self.workdir / "database-proxy.log").open("ab")
-        self._process = subprocess.Popen(envoy_command(config, admin_file), stdout=log, stderr=log)
-
-        def ready() -> bool:
-            assert self._process is not None
-            if self._process.poll() is not None:
-                raise RuntimeError((self.workdir / "database-proxy.log").read_text()[-3000:])
-            self.admin = read_admin_address(admin_file)
-            if self.admin is None:
-                return False
-            try:
-                return http("GET", f"http://{self.admin[0]}:{self.admin[1]}/ready").status == 200
-            except OSError:
-                return False
-
-        if not wait_until(ready, 30):
-            raise TimeoutError("the database's proxy did not become ready")
-        return self
-
-    def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.send_signal(signal.SIGTERM)
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
 
 
 # --- Prometheus ----------------------------------------------------------------

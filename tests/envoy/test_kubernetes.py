@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import functools
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -27,8 +25,6 @@ from typing import Any
 
 import pytest
 
-from sidecar.cli import build_parser
-from sidecar.cli.flags import settings_from_flags
 from sidecar.config import ConfigError, IdentityMode, Settings, load_settings
 from sidecar.core.caller import IdentityError
 from sidecar.demo.upstream import CannedResponse
@@ -58,24 +54,33 @@ from tests.fixtures.envoy_configs import (
     yaml_documents,
 )
 from tests.fixtures.harness import GateStack, HttpResult, search_ids
+from tests.fixtures.kubernetes import (
+    ENVOY,
+    GATE,
+    HEALTHCHECK,
+    ISTIO_OVERLAYS,
+    KUBERNETES,
+    KUBERNETES_VERSIONS,
+    OVERLAYS,
+    ROOT,
+    config_file,
+    container,
+    gated_deployment,
+    kubernetes_validate,
+    matches,
+    objects,
+    pod_labels,
+    pod_settings,
+    pod_spec,
+    rendered,
+)
 from tests.fixtures.records import record_dict, text_for
-from tests.fixtures.servers import server_missing
 from tests.fixtures.settings import settings_of
 
-ROOT = Path(__file__).resolve().parents[2]
-KUBERNETES = ROOT / "deploy" / "kubernetes"
-# The image's health check, which the gate's probes run (the Dockerfile copies it).
-HEALTHCHECK = ROOT / "deploy" / "container" / "healthcheck.py"
-OVERLAYS = ("gateway", "istio", "istio-ext-authz")
-ISTIO_OVERLAYS = ("istio", "istio-ext-authz")
-# The oldest Kubernetes with native sidecars on by default, and the newest schema here.
-KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")
 ISTIO_KINDS = {
     *("EnvoyFilter", "RequestAuthentication", "AuthorizationPolicy", "ServiceEntry"),
     "PeerAuthentication",
 }
-GATE = "retrieval-gate"  # the gate's container
-ENVOY = "envoy"  # the gateway's Envoy container
 
 # --- Stand-ins for what Istio generates (no Istio control plane runs here) ----------------------
 #
@@ -144,92 +149,9 @@ def istio_ext_authz(provider: dict[str, Any]) -> dict[str, Any]:
 # --- Rendering -----------------------------------------------------------------------------------
 
 
-@functools.cache
-def _render(overlay: str) -> str:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        server_missing("kubectl is not installed: `kubectl kustomize` renders the manifests")
-    done = subprocess.run(
-        [kubectl, "kustomize", str(KUBERNETES / "overlays" / overlay)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-def rendered(overlay: str) -> list[dict[str, Any]]:
-    """The objects ``kubectl kustomize deploy/kubernetes/overlays/<overlay>`` renders (a copy)."""
-    return yaml_documents(_render(overlay))
-
-
-def objects(overlay: str, kind: str) -> list[dict[str, Any]]:
-    """The rendered objects of one kind."""
-    return [o for o in rendered(overlay) if o["kind"] == kind]
-
-
-def gated_deployment(overlay: str) -> dict[str, Any]:
-    """The one Deployment whose pod runs the gate."""
-    (found,) = [
-        d
-        for d in objects(overlay, "Deployment")
-        if any(c["name"] == GATE for c in d["spec"]["template"]["spec"].get("initContainers", []))
-    ]
-    return found
-
-
-def pod_spec(overlay: str) -> dict[str, Any]:
-    """The pod template's spec of the gated Deployment."""
-    spec: dict[str, Any] = gated_deployment(overlay)["spec"]["template"]["spec"]
-    return spec
-
-
-def pod_labels(overlay: str) -> dict[str, str]:
-    """The labels of the gated pods."""
-    labels: dict[str, str] = gated_deployment(overlay)["spec"]["template"]["metadata"]["labels"]
-    return labels
-
-
-def container(overlay: str, name: str) -> dict[str, Any]:
-    """A container of the gated pod, init containers included."""
-    spec = pod_spec(overlay)
-    (found,) = [
-        c for c in [*spec.get("initContainers", []), *spec["containers"]] if c["name"] == name
-    ]
-    return dict(found)
-
-
-def config_file(overlay: str, config_map_prefix: str, key: str) -> str:
-    """A file of a generated ConfigMap (its name carries a content hash)."""
-    (config_map,) = [
-        c
-        for c in objects(overlay, "ConfigMap")
-        if c["metadata"]["name"].startswith(config_map_prefix + "-")
-    ]
-    text: str = config_map["data"][key]
-    return text
-
-
-def pod_settings(overlay: str, tmp_path: Path) -> Settings:
-    """The settings the gate container starts with: its arguments over the rendered gate.toml."""
-    gate_toml = tmp_path / f"{overlay}-gate.toml"
-    gate_toml.write_text(config_file(overlay, "retrieval-gate-config", "gate.toml"))
-    gate = container(overlay, GATE)
-    assert gate["command"] == ["retrieval-gate"]
-    argv = [f"--config={gate_toml}" if arg.startswith("--config=") else arg for arg in gate["args"]]
-    assert argv[0] == "serve"
-    return settings_from_flags(build_parser().parse_args(argv))
-
-
 def envoy_filter_patches(overlay: str) -> list[dict[str, Any]]:
     """Every config patch of every EnvoyFilter, in order."""
     return [p for f in objects(overlay, "EnvoyFilter") for p in f["spec"]["configPatches"]]
-
-
-def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
-    """Whether a (non-empty) label selector selects ``labels``."""
-    return bool(selector) and selector.items() <= labels.items()
 
 
 def envoy_validate(config: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -299,23 +221,6 @@ def test_overlay_renders_its_objects(overlay: str, kinds: dict[str, int]) -> Non
 
 
 # --- kubernetes-validate --strict ----------------------------------------------------------------
-
-
-def kubernetes_validate(
-    documents: list[dict[str, Any]], version: str, tmp_path: Path
-) -> subprocess.CompletedProcess[str]:
-    """`kubernetes-validate --strict` on ``documents`` for Kubernetes ``version``."""
-    executable = Path(sys.executable).parent / "kubernetes-validate"
-    if not executable.exists():
-        server_missing("kubernetes-validate is not installed (pip install -e '.[test]')")
-    path = tmp_path / "rendered.yaml"
-    path.write_text("\n---\n".join(json.dumps(d) for d in documents))
-    return subprocess.run(
-        [str(executable), "--strict", "--kubernetes-version", version, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)

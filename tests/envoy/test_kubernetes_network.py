@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.envoy.test_kubernetes import (
+from tests.fixtures.envoy_configs import cluster, listener, yaml_documents
+from tests.fixtures.kubernetes import (
     ENVOY,
     GATE,
     ISTIO_OVERLAYS,
@@ -30,7 +31,6 @@ from tests.envoy.test_kubernetes import (
     pod_settings,
     pod_spec,
 )
-from tests.fixtures.envoy_configs import cluster, listener, yaml_documents
 
 MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
 GRPC_PORT = 6334  # the database's gRPC port (Qdrant, the example)

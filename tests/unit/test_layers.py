@@ -123,3 +123,20 @@ def test_importing_the_formats_skeleton_loads_no_adapter() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.strip() == ""
+
+
+def test_no_test_module_imports_another() -> None:
+    # Helpers live in tests/fixtures/ (docs/architecture.md, "Testing"): a test
+    # module that imports another runs that module's tests' imports and
+    # fixtures too, and ties the two together.
+    offenders = [
+        f"{path.relative_to(ROOT)}: {line.strip()}"
+        for folder in ("unit", "envoy", "servers")
+        for path in sorted((ROOT / "tests" / folder).glob("*.py"))
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.lstrip().startswith(("from tests.unit", "from tests.envoy", "from tests.servers"))
+        or line.lstrip().startswith(
+            ("import tests.unit", "import tests.envoy", "import tests.servers")
+        )
+    ]
+    assert offenders == []
