@@ -8,6 +8,7 @@ shared (``exit_codes``).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import sys
 from collections.abc import Sequence
@@ -27,10 +28,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Envoy sidecar that removes disallowed chunks from vector-database responses.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     for group in (serve, store, audit, policy, explain, demo):
         group.add_parsers(commands)
     return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("retrieval-gate")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,4 +61,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.CANNOT_RUN
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
+    except Exception as exc:
+        # A failure nobody anticipated: one line, and the traceback with -v.
+        if args.verbose:
+            raise
+        print(
+            f"error: {type(exc).__name__}: {exc} (run with -v for the traceback)",
+            file=sys.stderr,
+        )
+        return ExitCode.FAILED
     return code

@@ -16,6 +16,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, get_origin
 
+from sidecar.cli.help_text import plain
 from sidecar.config import GROUPS, SETTINGS, Setting, Settings, load_settings
 
 
@@ -23,7 +24,7 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
     """Add ``--config`` and one flag per setting that is not file-only, by group."""
     parser.add_argument("--config", type=Path, help="TOML settings file (flags override it)")
     for group, cls in GROUPS.items():
-        section = parser.add_argument_group(f"[{group}] settings", cls.__doc__)
+        section = parser.add_argument_group(f"[{group}] settings", plain(cls.__doc__))
         for spec in SETTINGS:
             if spec.group == group and spec.flag is not None:
                 section.add_argument(

@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 
 from sidecar.cli.exit_codes import ExitCode
+from sidecar.cli.help_text import plain
 from sidecar.core.chunk_record import Status
 from sidecar.store import postgres
 from sidecar.store.loader import RecordsInvalid, load_jsonl, quote_for_message, record_to_json
@@ -113,7 +114,7 @@ def add_store_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPars
     def command(
         name: str, func: Callable[[argparse.Namespace], int], summary: str
     ) -> argparse.ArgumentParser:
-        parser = commands.add_parser(name, help=summary, description=func.__doc__)
+        parser = commands.add_parser(name, help=summary, description=plain(func.__doc__))
         parser.add_argument(
             "--store",
             required=True,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +13,7 @@ import grpc
 import orjson
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
-from prometheus_client import start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
 
 from sidecar.audit.jsonl import DELETE_REASONS, JsonlAuditSink, SpoolLimits
 from sidecar.audit.postgres import PostgresAuditSink
@@ -99,11 +100,15 @@ def build_identity(settings: Settings) -> IdentityProvider:
             leeway_seconds=identity.jwt_leeway_seconds,
         )
     if identity.mode is IdentityMode.JWT:
-        keys = key_source(
-            jwks=identity.jwks,
-            public_key=identity.jwt_public_key,
-            hmac_secret_file=identity.jwt_hmac_secret_file,
-        )
+        try:
+            keys = key_source(
+                jwks=identity.jwks,
+                public_key=identity.jwt_public_key,
+                hmac_secret_file=identity.jwt_hmac_secret_file,
+            )
+        except (ValueError, OSError) as exc:
+            # The message names the key file and what is wrong with it.
+            raise ConfigError(f"identity keys: {exc}") from exc
         verifier = JwtVerifier(
             keys,
             issuer=identity.issuer,
@@ -180,8 +185,11 @@ def build_policies(settings: Settings) -> tuple[PolicyEngine, RequestPolicyEngin
         return bundle.policy, bundle.policy.request_policy, bundle_display(settings)
     if settings.policy.engine is PolicyEngineName.REGORUS:
         data = load_policy_data(settings)
-        policy = RegorusEngine.from_directory(settings.policy.dir, data=data)
-        request_policy = RequestPolicy.from_directory(settings.policy.dir, data=data)
+        try:
+            policy = RegorusEngine.from_directory(settings.policy.dir, data=data)
+            request_policy = RequestPolicy.from_directory(settings.policy.dir, data=data)
+        except PolicyError as exc:
+            raise ConfigError(f"policy.dir {settings.policy.dir}: {rego_error_line(exc)}") from exc
         return policy, request_policy, str(settings.policy.dir)
     assert settings.policy.opa_url is not None  # load_settings
     try:
@@ -204,6 +212,34 @@ def build_policies(settings: Settings) -> tuple[PolicyEngine, RequestPolicyEngin
             "OPA does not serve the chunk policy yet (%s): failing closed until it does", exc
         )
     return engine, OpaRequestPolicy(server), server.display_url
+
+
+def rego_error_line(error: PolicyError) -> str:
+    """A Rego compile error in one line: ``file:line:col: message``.
+
+    regorus draws the source line and a caret under it over several lines;
+    a start-up error is one line (``retrieval-gate policy test`` shows the
+    drawing).
+    """
+    text = str(error)
+    where = re.search(r"-->\s*(\S+)", text)
+    what = re.search(r"^error:\s*(.+)$", text, re.MULTILINE)
+    if where is None or what is None:
+        return one_line(text)
+    return f"{where[1]}: {what[1].strip()}"
+
+
+def serve_metrics(address: str, registry: CollectorRegistry) -> Any:
+    """Start the /metrics HTTP server on ``address``; ListenError when it cannot listen."""
+    host, port = parse_host_port(address)
+    try:
+        server, _ = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise ListenError(
+            f"telemetry.metrics {address}: {exc.strerror or exc}; choose another "
+            "host:port (--metrics) or stop what listens there"
+        ) from None
+    return server
 
 
 def one_line(text: str) -> str:
@@ -432,9 +468,8 @@ class SidecarServer:
                 self._open_store(pending), name="retrieval-gate-store-opening"
             )
         if settings.telemetry.metrics:
-            host, port = parse_host_port(settings.telemetry.metrics)
-            self._metrics_server, _ = start_http_server(
-                port, addr=host, registry=self.sidecar.metrics.registry
+            self._metrics_server = serve_metrics(
+                settings.telemetry.metrics, self.sidecar.metrics.registry
             )
             log.info("metrics on http://%s/metrics", settings.telemetry.metrics)
 

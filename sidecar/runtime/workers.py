@@ -30,13 +30,13 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from sidecar.config import Settings
 from sidecar.runtime import event_loop
-from sidecar.runtime.addresses import HostPort, UnixSocket, parse_host_port, parse_socket_address
-from sidecar.runtime.server import STOP_GRACE_SECONDS, serve_until_signalled
+from sidecar.runtime.addresses import HostPort, UnixSocket, parse_socket_address
+from sidecar.runtime.server import STOP_GRACE_SECONDS, serve_metrics, serve_until_signalled
 from sidecar.runtime.signals import StopSignals
 from sidecar.runtime.tracing import check_environment as check_tracing_environment
 
@@ -166,8 +166,7 @@ class WorkerPool:
         if self.settings.telemetry.metrics:
             registry = CollectorRegistry()
             MultiProcessCollector(registry, path=self._metrics_dir.name)  # type: ignore[no-untyped-call]
-            host, port = parse_host_port(self.settings.telemetry.metrics)
-            self._metrics_server, _ = start_http_server(port, addr=host, registry=registry)
+            self._metrics_server = serve_metrics(self.settings.telemetry.metrics, registry)
             log.info("metrics (all workers) on http://%s/metrics", self.settings.telemetry.metrics)
 
     @property

@@ -1,0 +1,92 @@
+"""Start-up failures end in one line that names what to fix, and exit 2 for configuration.
+
+Each case starts the real ``retrieval-gate serve`` (and ``--workers 2`` where
+the workers' own /metrics server is concerned) and reads its stderr: exactly
+one ``error:`` line, no traceback.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sidecar.cli.exit_codes import ExitCode
+from sidecar.runtime.ports import free_port
+from tests.fixtures.harness import CLI
+
+pytestmark = pytest.mark.envoy
+
+
+def serve(tmp_path: Path, *args: str) -> tuple[int, list[str], str]:
+    """Run ``serve`` with ``args``: (exit status, its ``error:`` lines, all of stderr)."""
+    done = subprocess.run(
+        [
+            *CLI,
+            "serve",
+            "--store",
+            f"sqlite:///{tmp_path / 'gate.db'}",
+            "--grpc-listen",
+            f"unix:{tmp_path / 'gate.sock'}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    return done.returncode, errors, done.stderr
+
+
+def assert_one_line(result: tuple[int, list[str], str], *expected: str) -> None:
+    status, errors, stderr = result
+    assert "Traceback" not in stderr, stderr
+    assert status == ExitCode.CANNOT_RUN, stderr
+    assert len(errors) == 1, stderr
+    for part in expected:
+        assert part in errors[0], errors[0]
+
+
+def test_a_short_hmac_secret(tmp_path: Path) -> None:
+    secret = tmp_path / "hmac.key"
+    secret.write_text("short")
+    result = serve(
+        tmp_path,
+        *("--identity", "jwt", "--jwt-hmac-secret-file", str(secret)),
+        *("--issuer", "https://idp", "--audience", "gate"),
+    )
+    assert_one_line(result, "identity keys:", "hmac.key", "5 bytes", "at least 32")
+
+
+def test_a_rego_syntax_error(tmp_path: Path) -> None:
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "chunks.rego").write_text("package retrieval_gate.chunks\n\nreasons := {\n")
+    result = serve(tmp_path, "--identity", "trusted-headers", "--policy-dir", str(policies))
+    assert_one_line(result, f"policy.dir {policies}:", "chunks.rego:4:1:", "expecting")
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", free_port()))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_the_metrics_port_in_use(tmp_path: Path, taken_port: int, workers: str) -> None:
+    address = f"127.0.0.1:{taken_port}"
+    result = serve(
+        tmp_path, "--identity", "trusted-headers", "--metrics", address, "--workers", workers
+    )
+    assert_one_line(result, f"telemetry.metrics {address}:", "in use", "--metrics")
+
+
+def test_version_names_the_installed_release() -> None:
+    done = subprocess.run([*CLI, "--version"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0
+    assert done.stdout.startswith("retrieval-gate ") and done.stdout.split()[1][0].isdigit()
