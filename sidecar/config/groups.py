@@ -21,6 +21,7 @@ from sidecar.identity.claims import DEFAULT_PRINCIPAL_CLAIMS
 from sidecar.identity.credentials import LOCATIONS, check_locations
 from sidecar.identity.spiffe import WorkloadMap
 from sidecar.metrics import check_metric_collections
+from sidecar.rego.policy_data import BUNDLED_POLICY_DIR
 
 
 class IdentityMode(StrEnum):
@@ -59,7 +60,7 @@ class EventLoopName(StrEnum):
 def default_policy_dir() -> Path:
     """The bundled policies: ``sidecar/policies``, a link to the checkout's ``policies/``
     that wheels carry as a copy."""
-    return Path(__file__).resolve().parent.parent / "policies"
+    return BUNDLED_POLICY_DIR
 
 
 def non_empty_field(value: str) -> str:

@@ -29,6 +29,7 @@ import orjson
 
 from sidecar.core.policy import PolicyError
 from sidecar.rego.bundle_signature import SignatureError, Verification, verify_signatures
+from sidecar.rego.policy_data import SCHEMA_FILE, read_schema
 from sidecar.rego.regorus_engine import compile_sources, package_path
 
 # Limits: a bundle is policy and small reference data, never a data set.
@@ -75,6 +76,8 @@ class Bundle:
     signed: bool
     digest: str = field(default="")
     """SHA-256 of the bundle file as fetched."""
+    data_schema: Mapping[str, Any] | None = None
+    """The bundle's ``data.schema.json`` (its policy's data contract), if it has one."""
 
     def policy_sources(self) -> dict[str, str]:
         """The Rego files without the unit tests (``*_test.rego``)."""
@@ -109,12 +112,18 @@ def read_bundle(blob: bytes, *, verification: Verification | None = None) -> Bun
     revision, roots = _manifest(files.pop(MANIFEST, None))
     rego: dict[str, str] = {}
     data: dict[str, Any] = {}
+    data_schema: dict[str, Any] | None = None
     for name, content in sorted(files.items()):
         base = posixpath.basename(name)
         if base in _UNSUPPORTED:
             raise BundleError(FORMAT, f"{name}: this gate does not support {base} in bundles")
         if name.endswith(".rego"):
             rego[name] = _text(name, content)
+        elif name == SCHEMA_FILE:
+            try:
+                data_schema = read_schema(content, name)
+            except PolicyError as exc:
+                raise BundleError(FORMAT, str(exc)) from None
         elif base == _DATA_FILE:
             _merge(data, _directory_segments(name), _json(name, content), name)
     if not rego:
@@ -127,6 +136,7 @@ def read_bundle(blob: bytes, *, verification: Verification | None = None) -> Bun
         data=data,
         signed=verification is not None,
         digest=hashlib.sha256(blob).hexdigest(),
+        data_schema=data_schema,
     )
 
 

@@ -25,6 +25,12 @@ import orjson
 from sidecar.core.policy import PolicyError
 from sidecar.rego.bundle import Bundle, BundleError, read_bundle
 from sidecar.rego.bundle_signature import Verification
+from sidecar.rego.policy_data import (
+    BUNDLED_POLICY_DIR,
+    PolicyDataError,
+    check_policy_data,
+    schema_for,
+)
 
 # The runner's internals are reused so that a bundle's tests run exactly as
 # `retrieval-gate policy test` runs a directory's, but with the bundle's data.
@@ -37,8 +43,9 @@ log = logging.getLogger(__name__)
 # Refusal reasons beyond the bundle format's (sidecar.rego.bundle.BUNDLE_REASONS).
 COMPILE = "compile"
 TESTS = "tests"
+DATA = "data"
 TIME_PURITY = "time_purity"
-RELOAD_REASONS = (COMPILE, TESTS, TIME_PURITY)
+RELOAD_REASONS = (COMPILE, TESTS, TIME_PURITY, DATA)
 
 
 class ReloadObserver(Protocol):
@@ -68,6 +75,10 @@ def prepare_revision(bundle: Bundle) -> PolicyRevision:
     """Compile ``bundle`` and run its Rego unit tests; raises BundleError (reason
     ``compile`` or ``tests``) when it must not become active."""
     sources = bundle.policy_sources()
+    try:
+        check_policy_data(bundle.data, bundle.data_schema or schema_for(BUNDLED_POLICY_DIR))
+    except PolicyDataError as exc:
+        raise BundleError(DATA, f"revision {bundle.revision!r}: {exc}") from None
     data = dict(bundle.data) or None
     try:
         chunk_policy = RegorusEngine(sources, data=data)

@@ -38,6 +38,7 @@ from sidecar.identity.mesh import MeshMtls
 from sidecar.identity.spiffe import WorkloadMap
 from sidecar.metrics import GateMetrics
 from sidecar.rego.opa_engine import OpaEngine, OpaRequestPolicy, OpaServer, read_token_file
+from sidecar.rego.policy_data import PolicyDataError, check_policy_data, schema_for
 from sidecar.rego.regorus_engine import RegorusEngine
 from sidecar.rego.request_policy import RequestPolicy
 from sidecar.request.admission import RequestAdmission
@@ -166,6 +167,14 @@ def load_policy_data(settings: Settings) -> dict[str, Any] | None:
         raise ConfigError(f"policy data {settings.policy.data}: {exc}") from exc
     if not isinstance(document, dict):
         raise ConfigError(f"policy data {settings.policy.data}: must be a JSON object")
+    try:
+        check_policy_data(document, schema_for(settings.policy.dir))
+    except PolicyDataError as exc:
+        raise ConfigError(
+            *(f"policy data {settings.policy.data}: {problem}" for problem in exc.problems)
+        ) from None
+    except PolicyError as exc:
+        raise ConfigError(f"policy.dir {settings.policy.dir}: {exc}") from None
     return document
 
 
