@@ -27,7 +27,13 @@ from sidecar.store.store import LifecycleError, MetadataStore, StoreUnavailable
 
 
 def load(args: argparse.Namespace) -> int:
-    """``store load --store URL FILE``: validate a JSON Lines file and upsert it, all or none."""
+    """``store load --store URL FILE [--reinstate]``: validate a JSON Lines file and upsert
+    it, all or none.
+
+    A record the store holds as revoked, quarantined or superseded is not made
+    approved or draft again by the file (the load is refused, naming it) unless
+    ``--reinstate`` is given.
+    """
     try:
         records = load_jsonl(args.file)
     except RecordsInvalid as exc:
@@ -36,7 +42,7 @@ def load(args: argparse.Namespace) -> int:
         return _fail(f"cannot read {args.file}: {exc.strerror or exc}")
 
     def upsert(store: MetadataStore) -> int:
-        count = store.upsert(records)
+        count = store.upsert(records, reinstate=args.reinstate)
         print(f"loaded {count} records from {args.file}")
         return ExitCode.OK
 
@@ -76,6 +82,12 @@ def revoke(args: argparse.Namespace) -> int:
 def quarantine(args: argparse.Namespace) -> int:
     """``store quarantine --store URL ID``: withhold the chunk pending review."""
     return _set_status(args.store, args.chunk_id, Status.QUARANTINED)
+
+
+def reinstate(args: argparse.Namespace) -> int:
+    """``store reinstate --store URL ID``: serve a revoked, quarantined or superseded chunk
+    again (approved), on purpose."""
+    return _set_status(args.store, args.chunk_id, Status.APPROVED)
 
 
 def supersede(args: argparse.Namespace) -> int:
@@ -124,12 +136,20 @@ def add_store_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPars
         parser.set_defaults(func=func)
         return parser
 
-    command("load", load, "validate a JSON Lines file and upsert it (all or nothing)").add_argument(
-        "file", type=Path
+    loading = command("load", load, "validate a JSON Lines file and upsert it (all or nothing)")
+    loading.add_argument("file", type=Path)
+    loading.add_argument(
+        "--reinstate",
+        action="store_true",
+        help="let the file make revoked, quarantined or superseded records approved or "
+        "draft again (refused by default)",
     )
     command("migrate", migrate, "create or upgrade the store's schema")
     command("revoke", revoke, "revoke a chunk").add_argument("chunk_id", metavar="ID")
     command("quarantine", quarantine, "quarantine a chunk").add_argument("chunk_id", metavar="ID")
+    command("reinstate", reinstate, "serve a withdrawn chunk again (approved)").add_argument(
+        "chunk_id", metavar="ID"
+    )
     superseding = command("supersede", supersede, "mark a chunk superseded by another")
     superseding.add_argument("old", metavar="OLD")
     superseding.add_argument("--by", required=True, metavar="NEW")

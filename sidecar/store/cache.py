@@ -170,10 +170,10 @@ class CachedStore:
         records, unavailable, _ = await self._lookup(chunk_ids)
         return Lookup(records, unavailable)
 
-    def upsert(self, records: Iterable[ChunkRecord]) -> int:
+    def upsert(self, records: Iterable[ChunkRecord], *, reinstate: bool = False) -> int:
         """Write through to the inner store, then drop the written ids from the cache."""
         batch = list(records)
-        count = self._inner.upsert(batch)
+        count = self._inner.upsert(batch, reinstate=reinstate)
         self.invalidate(record.chunk_id for record in batch)
         return count
 

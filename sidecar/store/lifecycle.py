@@ -50,3 +50,40 @@ def check_status_change(
         raise refuse(f"successor chunk {quoted} is itself {successor.status}")
     if successor.tenant_id != current.tenant_id:
         raise refuse(f"successor chunk {quoted} belongs to another tenant")
+
+
+# Statuses a record is taken out of service with; loading it again as
+# approved or draft would put it back without anyone having decided so.
+_WITHDRAWN = frozenset({Status.REVOKED, Status.QUARANTINED, Status.SUPERSEDED})
+_SERVED = frozenset({Status.APPROVED, Status.DRAFT})
+
+
+def loosening_ids(loaded: dict[str, Status]) -> list[str]:
+    """The ids of ``loaded`` (id -> new status) that a load could put back in service."""
+    return sorted(chunk_id for chunk_id, status in loaded.items() if status in _SERVED)
+
+
+def check_no_reinstatement(loaded: dict[str, Status], current: dict[str, Status]) -> None:
+    """Raise LifecycleError when a load would turn a withdrawn record back into a served one.
+
+    ``loaded`` and ``current`` map chunk ids to the new and the stored status.
+    A record that was revoked, quarantined or superseded is reinstated only on
+    purpose (``store load --reinstate``, ``store reinstate``), never by loading
+    a file again.
+    """
+    reinstated = sorted(
+        chunk_id
+        for chunk_id, status in loaded.items()
+        if status in _SERVED and current.get(chunk_id) in _WITHDRAWN
+    )
+    if not reinstated:
+        return
+    first = reinstated[0]
+    more = f" (and {len(reinstated) - 1} more)" if len(reinstated) > 1 else ""
+    raise LifecycleError(
+        f"is {current[first]} in the store and the file would make it {loaded[first]}{more}; "
+        "nothing was written: reinstate on purpose with `store load --reinstate` or "
+        "`store reinstate`",
+        chunk_id=first,
+        field="status",
+    )

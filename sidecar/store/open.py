@@ -150,8 +150,8 @@ class PendingStore:
     async def fetch(self, chunk_ids: Collection[str]) -> Mapping[str, ChunkRecord]:
         return await self._store().fetch(chunk_ids)
 
-    def upsert(self, records: Iterable[ChunkRecord]) -> int:
-        return self._store().upsert(records)
+    def upsert(self, records: Iterable[ChunkRecord], *, reinstate: bool = False) -> int:
+        return self._store().upsert(records, reinstate=reinstate)
 
     def get(self, chunk_id: str) -> ChunkRecord | None:
         return self._store().get(chunk_id)

@@ -45,7 +45,7 @@ from psycopg_pool import AsyncConnectionPool
 from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.postgres.dsn import PostgresUrl, parse_postgres_url
 from sidecar.postgres.errors import describe_error
-from sidecar.store.lifecycle import check_status_change
+from sidecar.store.lifecycle import check_no_reinstatement, check_status_change, loosening_ids
 from sidecar.store.rows import RowCodec
 from sidecar.store.schema import Migration, apply_migrations, check_schema
 from sidecar.store.store import StoreEndpoint, StoreUnavailable
@@ -62,6 +62,8 @@ _FETCH = _SELECT + " WHERE c.chunk_id = ANY(%s)"
 _GET = _SELECT + " WHERE c.chunk_id = %s"
 # Both rows locked, in a fixed order so that two status changes cannot deadlock.
 _LOCK = _SELECT + " WHERE c.chunk_id = ANY(%s) ORDER BY c.chunk_id FOR UPDATE OF c"
+# Locked, so that a revocation cannot slip in between this read and the write.
+_LOCK_STATUS = "SELECT chunk_id, status FROM chunks WHERE chunk_id = ANY(%s) FOR UPDATE"
 _SET_STATUS = "UPDATE chunks SET status = %s, superseded_by = %s WHERE chunk_id = %s"
 # Upserts go through a staging table filled by COPY: several times faster than
 # one INSERT per record for a large file.
@@ -242,7 +244,7 @@ class PostgresStore:
                     raise _ConnectionLost(exc) from exc
                 raise
 
-    def upsert(self, records: Iterable[ChunkRecord]) -> int:
+    def upsert(self, records: Iterable[ChunkRecord], *, reinstate: bool = False) -> int:
         """Insert or replace records in one transaction (all or none); return the count.
 
         Raises ValueError when a record cannot be stored (naive datetime, or a
@@ -254,6 +256,10 @@ class PostgresStore:
         # The last record of an id wins, as if they were written one by one.
         rows = {record.chunk_id: _ROWS.encode(record) for record in batch}
         with self._operation("upsert") as connection, connection.transaction():
+            if not reinstate:
+                loaded = {record.chunk_id: record.status for record in batch}
+                stored = connection.execute(_LOCK_STATUS, (loosening_ids(loaded),)).fetchall()
+                check_no_reinstatement(loaded, {row[0]: Status(row[1]) for row in stored})
             connection.execute(_STAGE)
             with connection.cursor() as cursor, cursor.copy(_COPY) as copy:
                 for row in rows.values():

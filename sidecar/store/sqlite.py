@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 import orjson
 
 from sidecar.core.chunk_record import CONTRACT_FIELDS, ChunkRecord, Status
-from sidecar.store.lifecycle import check_status_change
+from sidecar.store.lifecycle import check_no_reinstatement, check_status_change, loosening_ids
 from sidecar.store.rows import RowCodec
 from sidecar.store.store import StoreEndpoint, StoreUnavailable
 
@@ -156,18 +156,21 @@ class SqliteStore:
             raise StoreUnavailable(f"SQLite metadata query failed: {exc}") from exc
         return _ROWS.decode_rows(selected)
 
-    def upsert(self, records: Iterable[ChunkRecord]) -> int:
+    def upsert(self, records: Iterable[ChunkRecord], *, reinstate: bool = False) -> int:
         """Insert or replace records in one transaction (all or none); return the count.
 
         Raises ValueError when a record cannot be stored (naive datetime, or a
         value the table's constraints reject) and StoreUnavailable on any other
         SQLite error; in both cases nothing is written.
         """
+        batch = list(records)
         # Encode first, so that a bad record fails before the transaction starts.
-        encoded = [_ROWS.encode(record) for record in records]
+        encoded = [_ROWS.encode(record) for record in batch]
+        # The last record of an id wins, as if they were written one by one.
+        guard = None if reinstate else {record.chunk_id: record.status for record in batch}
         try:
             with self._write_lock:
-                _write(self._writer, encoded)
+                _write(self._writer, encoded, guard)
         except sqlite3.IntegrityError as exc:
             raise ValueError(
                 f"a record violates the chunks table constraints ({exc}); nothing was written"
@@ -314,14 +317,32 @@ def _change_status(
     return row
 
 
-def _write(connection: sqlite3.Connection, rows: list[tuple[object, ...]]) -> None:
+def _write(
+    connection: sqlite3.Connection,
+    rows: list[tuple[object, ...]],
+    guard: dict[str, Status] | None,
+) -> None:
     connection.execute("BEGIN IMMEDIATE")
     try:
+        if guard is not None:
+            # Read inside the write transaction: no revocation can slip in between.
+            check_no_reinstatement(guard, _stored_statuses(connection, loosening_ids(guard)))
         connection.executemany(_UPSERT, rows)
         connection.execute("COMMIT")
     except BaseException:
         connection.rollback()
         raise
+
+
+def _stored_statuses(connection: sqlite3.Connection, chunk_ids: list[str]) -> dict[str, Status]:
+    found: dict[str, Status] = {}
+    # SQLite bounds the parameters of one statement; 500 stays well inside.
+    for start in range(0, len(chunk_ids), 500):
+        part = chunk_ids[start : start + 500]
+        marks = ",".join("?" * len(part))
+        query = f"SELECT chunk_id, status FROM chunks WHERE chunk_id IN ({marks})"  # noqa: S608
+        found.update((row[0], Status(row[1])) for row in connection.execute(query, part))
+    return found
 
 
 class _SqliteRows(RowCodec):

@@ -51,8 +51,12 @@ class MetadataStore(Protocol):
         """
         ...
 
-    def upsert(self, records: Iterable[ChunkRecord]) -> int:
+    def upsert(self, records: Iterable[ChunkRecord], *, reinstate: bool = False) -> int:
         """Insert or replace records atomically (all or none); return the count.
+
+        A record stored as revoked, quarantined or superseded is not made
+        approved or draft again unless ``reinstate``: LifecycleError, nothing
+        written (``sidecar.store.lifecycle.check_no_reinstatement``).
 
         ``signature_valid`` of the given records is ignored. Raises ValueError
         when a record cannot be stored and StoreUnavailable when the store

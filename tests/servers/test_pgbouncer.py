@@ -130,7 +130,8 @@ def test_listener_uses_the_listen_url_and_hears_changes(
     bouncer: PgBouncer, postgres_url: str
 ) -> None:
     store = PostgresStore(bouncer.url(postgres_url), pgbouncer=True, listen_url=postgres_url)
-    store.upsert([record("c-1")])
+    # Approved again on purpose: another test of this module may have revoked it.
+    store.upsert([record("c-1")], reinstate=True)
     cache = CachedStore(store)
     listener = change_listener(store, cache)
     assert listener is not None and listener._url == store.listen_url
@@ -145,7 +146,7 @@ def test_listen_through_transaction_pooling_hears_nothing(
     # server session it ran in goes back to the pool and no change arrives.
     via = bouncer.url(postgres_url)
     store = PostgresStore(via, pgbouncer=True, listen_url=postgres_url)
-    store.upsert([record("c-1")])
+    store.upsert([record("c-1")], reinstate=True)  # as above
     assert not asyncio.run(_invalidated_within(via, store, timeout_s=1))
 
 

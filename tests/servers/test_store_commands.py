@@ -223,3 +223,24 @@ def test_shown_record_loads_back_unchanged(loaded: str, capsys: pytest.CaptureFi
         assert parse_record(record) == store.get("old")
     finally:
         store.close()
+
+
+def test_loading_again_never_reinstates_a_revoked_chunk(
+    loaded: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The file a team loaded before "gone" was revoked, loaded once more.
+    again = write_records(tmp_path / "again.jsonl", [record_dict("gone"), record_dict("new2")])
+    capsys.readouterr()
+    assert run("load", "--store", loaded, str(again)) == 1
+    error = capsys.readouterr().err
+    assert error.startswith('error: nothing loaded: chunk "gone", field "status": is revoked ')
+    assert error.count("\n") == 1
+    assert shown(loaded, "gone", capsys)["status"] == "revoked"
+    assert run("show", "--store", loaded, "new2") == 1  # nothing of the file was written
+    # On purpose: the flag, or the command.
+    assert run("load", "--store", loaded, str(again), "--reinstate") == 0
+    assert shown(loaded, "gone", capsys)["status"] == "approved"
+    assert run("revoke", "--store", loaded, "gone") == 0
+    capsys.readouterr()
+    assert run("reinstate", "--store", loaded, "gone") == 0
+    assert capsys.readouterr().out == 'chunk "gone" is now approved\n'

@@ -237,6 +237,28 @@ def test_upsert_replaces_existing_records(backend: Backend) -> None:
     }
 
 
+@pytest.mark.parametrize("withdrawn", [Status.REVOKED, Status.QUARANTINED, Status.SUPERSEDED])
+@pytest.mark.parametrize("served", [Status.APPROVED, Status.DRAFT])
+def test_a_load_never_puts_a_withdrawn_record_back_in_service(
+    backend: Backend, withdrawn: Status, served: Status
+) -> None:
+    successor = "c-9" if withdrawn is Status.SUPERSEDED else None
+    backend.store.upsert([record("c-9", version="2")])
+    backend.store.upsert([record("c-1", status=withdrawn, superseded_by=successor)])
+    with pytest.raises(LifecycleError) as caught:
+        backend.store.upsert([record("c-2"), record("c-1", status=served)])
+    assert str(caught.value).startswith(f'chunk "c-1", field "status": is {withdrawn} ')
+    assert "store load --reinstate" in str(caught.value)
+    # Nothing of the batch was written.
+    assert backend.fetch(["c-1", "c-2"]) == {
+        "c-1": record("c-1", status=withdrawn, superseded_by=successor)
+    }
+    # Loading it again as it is, or stricter, is fine; reinstating is a decision.
+    backend.store.upsert([record("c-1", status=Status.REVOKED)])
+    backend.store.upsert([record("c-1", status=served)], reinstate=True)
+    assert backend.fetch(["c-1"]) == {"c-1": record("c-1", status=served)}
+
+
 def test_upsert_sets_changes_and_clears_the_payload_hash(backend: Backend) -> None:
     backend.store.upsert([record("c-1", payload_sha256="1a" * 32), record("c-2")])
     assert backend.fetch(["c-1"])["c-1"].payload_sha256 == "1a" * 32

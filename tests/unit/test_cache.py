@@ -41,7 +41,7 @@ class FakeStore:
             raise StoreUnavailable("connection refused")
         return {i: self.records[i] for i in chunk_ids if i in self.records}
 
-    def upsert(self, records: Iterable[ChunkRecord]) -> int:
+    def upsert(self, records: Iterable[ChunkRecord], *, reinstate: bool = False) -> int:
         batch = list(records)
         self.records.update((r.chunk_id, r) for r in batch)
         return len(batch)
