@@ -19,11 +19,12 @@ import difflib
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import jsonschema
+from typing import TYPE_CHECKING, Any
 
 from sidecar.core.policy import PolicyError
+
+if TYPE_CHECKING:
+    import jsonschema
 
 SCHEMA_FILE = "data.schema.json"
 # The bundled policies: sidecar/policies, a link to the checkout's policies/
@@ -41,6 +42,8 @@ class PolicyDataError(PolicyError):
 
 def read_schema(text: str | bytes, where: str) -> dict[str, Any]:
     """A data schema from its JSON text; PolicyError when it is not a valid JSON Schema."""
+    import jsonschema  # here, not at the top: see _validator
+
     try:
         schema = json.loads(text)
         jsonschema.Draft202012Validator.check_schema(schema)
@@ -65,12 +68,22 @@ def schema_for(policy_dir: Path) -> dict[str, Any]:
 
 def check_policy_data(document: Mapping[str, Any], schema: Mapping[str, Any]) -> None:
     """Raise PolicyDataError naming every place where ``document`` breaks ``schema``."""
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = _validator(schema)
     problems = sorted(
         line for error in validator.iter_errors(document) for line in _describe(error)
     )
     if problems:
         raise PolicyDataError(problems)
+
+
+def _validator(schema: Mapping[str, Any]) -> jsonschema.Draft202012Validator:
+    # Imported when there is data to check, not with the package: jsonschema
+    # loads its format checkers, and where an optional one is installed
+    # (rfc3987-syntax builds a grammar) that alone costs about a second per
+    # process start.
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(schema)
 
 
 def _describe(error: jsonschema.ValidationError) -> list[str]:
