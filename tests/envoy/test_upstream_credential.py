@@ -14,7 +14,6 @@ is in none of the proxy's logs, metrics or generated files.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from sidecar.runtime.ports import free_port
 from tests.fixtures.chroma_server import TOKEN_HEADER, ChromaServer, start_chroma_with_token
 from tests.fixtures.harness import HttpResult, http, write_records
 from tests.fixtures.records import record_dict, text_for
+from tests.fixtures.servers import stop_process
 
 pytestmark = [pytest.mark.envoy, pytest.mark.chroma]
 
@@ -117,13 +117,7 @@ class Proxy:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
 
 
 @pytest.fixture(scope="module")
