@@ -113,19 +113,6 @@ def read_admin_address(admin_address_file: Path) -> HostPort | None:
         return None
 
 
-async def _http_status(host: str, port: int, path: str) -> int:
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        # Envoy refuses HTTP/1.0 unless configured to accept it.
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        await writer.drain()
-        raw = await reader.read()
-    finally:
-        writer.close()
-    head = raw.split(b"\r\n", 1)[0]
-    return int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else 0
-
-
 class EnvoyProcess:
     """One Envoy process with a generated bootstrap, stopped on request."""
 
@@ -179,7 +166,7 @@ class EnvoyProcess:
             if self.admin is not None:
                 try:
                     # /ready answers 200 only in state LIVE (503 while initialising).
-                    status = await _http_status(*self.admin, "/ready")
+                    status, _ = await envoy_drain.admin_request(*self.admin, "GET", "/ready")
                 except OSError:
                     status = 0
                 if status == 200:
