@@ -63,7 +63,7 @@ from sidecar.enforcement.response_filter import ResponseFilter
 from sidecar.metrics import GateMetrics
 from sidecar.rego.regorus_engine import RegorusEngine
 from sidecar.store.cache import CachedStore
-from sidecar.store.sqlite import SqliteStore
+from sidecar.store.sqlite import SqliteStore, migrate
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUTE = Route("POST", "/collections/docs/points/search")
@@ -114,6 +114,7 @@ class Core:
 
     def __init__(self, workdir: Path, name: str) -> None:
         settings = Settings()
+        migrate(workdir / f"{name}.db")
         self.inner = SqliteStore(workdir / f"{name}.db")
         self.metrics = GateMetrics()
         self.store = CachedStore(self.inner, ttl=3600.0, observer=self.metrics)

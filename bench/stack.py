@@ -242,12 +242,13 @@ def _toml(config: Mapping[str, Any]) -> str:
 
 
 def load_store(store: str, records: Sequence[Mapping[str, Any]], workdir: Path) -> None:
-    """`retrieval-gate store migrate` (PostgreSQL) and `store load`, as an operator would."""
+    """`retrieval-gate store migrate` and `store load`, as an operator would."""
     chunks = workdir / "chunks.jsonl"
     chunks.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
-    commands = [["store", "load", "--store", store, str(chunks)]]
-    if store.startswith("postgresql://"):
-        commands.insert(0, ["store", "migrate", "--store", store])
+    commands = [
+        ["store", "migrate", "--store", store],
+        ["store", "load", "--store", store, str(chunks)],
+    ]
     for command in commands:
         done = subprocess.run([*CLI, *command], capture_output=True, text=True, check=False)
         if done.returncode != 0:

@@ -151,6 +151,14 @@ class GateMetrics:
             "retrieval_gate_cache_flushes",
             "Times the whole cache was dropped (e.g. the change listener reconnected).",
         )
+        self.store_changes_watched = Gauge(
+            "retrieval_gate_store_changes_watched",
+            "1 while the gate sees metadata store changes as they happen (PostgreSQL LISTEN "
+            "up, SQLite change poll working); 0 while it does not, and then caches no record.",
+            registry=r,
+            # With several workers: 1 only while every live worker sees changes.
+            multiprocess_mode="livemin",
+        )
         self.cache_stale_served = counter(
             "retrieval_gate_cache_stale_served",
             "Expired records served because the store failed (stale_if_error).",
@@ -357,6 +365,9 @@ class GateMetrics:
 
     def cleared(self) -> None:
         self.cache_flushes.inc()
+
+    def watching(self, seen: bool) -> None:
+        self.store_changes_watched.set(1 if seen else 0)
 
     def stale_served(self, n: int) -> None:
         if n:

@@ -18,6 +18,7 @@ from sidecar.store.sqlite import SqliteStore
 from tests.fixtures.chroma_server import require_chroma
 from tests.fixtures.pgbouncer import require_pgbouncer
 from tests.fixtures.postgres import fresh_database, require_postgres
+from tests.fixtures.stores import new_sqlite_store
 
 # Every property test runs under this profile, locally and in CI. No deadline:
 # on a shared two-core machine a slow example is load, not a bug. too_slow is
@@ -57,13 +58,14 @@ def postgres_url() -> Iterator[str]:
 
 @pytest.fixture
 def sqlite_path(tmp_path: Path) -> Path:
-    """The file of the test's SQLite metadata store (``sqlite_store`` creates it)."""
+    """The file of the test's SQLite metadata store (``sqlite_store`` creates it, as
+    ``store migrate`` does)."""
     return tmp_path / "meta.db"
 
 
 @pytest.fixture
 def sqlite_store(sqlite_path: Path) -> Iterator[SqliteStore]:
     """An empty SQLite metadata store at ``sqlite_path``, closed after the test."""
-    store = SqliteStore(sqlite_path)
+    store = new_sqlite_store(sqlite_path)
     yield store
     store.close()

@@ -168,15 +168,24 @@ run_demo() {
 }
 
 check_serve() {
-    local config status waited
+    local config data status waited
     config="$(mktemp -d)"
     cleanup_paths+=("$config")
     # trusted-headers: the smallest valid configuration, for this smoke test only.
     printf 'identity = "trusted-headers"\n' >"$config/gate.toml"
     chmod 755 "$config" && chmod 644 "$config/gate.toml"
+    # The default store (sqlite:///retrieval-gate.db in the working directory)
+    # must exist: only `store migrate` creates it, as an operator would, in a
+    # volume the image's user (10001) may write.
+    data="$(mktemp -d)"
+    cleanup_paths+=("$data")
+    chmod 777 "$data"
+    docker run --rm --network none -v "$data:/var/lib/retrieval-gate" "$IMAGE" \
+        store migrate --store sqlite:///retrieval-gate.db || die "store migrate failed in $IMAGE"
     say "running the default command (serve) with $config mounted, until the HEALTHCHECK passes"
     serve_container="$(docker run -d --network none --health-interval 2s \
-        -v "$config:/etc/retrieval-gate:ro" "$IMAGE")" || die "cannot start $IMAGE"
+        -v "$config:/etc/retrieval-gate:ro" -v "$data:/var/lib/retrieval-gate" "$IMAGE")" \
+        || die "cannot start $IMAGE"
     for waited in $(seq 60); do
         status="$(docker inspect -f '{{.State.Status}} {{.State.Health.Status}}' "$serve_container")"
         case "$status" in

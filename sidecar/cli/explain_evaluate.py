@@ -16,7 +16,6 @@ import dataclasses
 import hashlib
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
-from pathlib import Path
 
 from sidecar.cli.exit_codes import ExitCode
 from sidecar.config import Settings
@@ -28,8 +27,8 @@ from sidecar.core.hits import Candidate
 from sidecar.core.policy import PolicyError
 from sidecar.core.reasons import ReasonOrder
 from sidecar.runtime.server import build_policies
-from sidecar.store.open import SQLITE_PREFIX, is_postgres_url, open_store
-from sidecar.store.store import StoreUnavailable
+from sidecar.store.open import open_store
+from sidecar.store.store import StoreNotCreated, StoreUnavailable
 
 # A chunk asked about by id has no returned text. It is decided with this text
 # and a copy of its record whose sha256 is this text's, so that the integrity
@@ -70,15 +69,9 @@ def build_gate(settings: Settings) -> tuple[DecisionCore, str, str]:
 
 def lookup(url: str, chunk_ids: Collection[str]) -> dict[str, ChunkRecord]:
     """The store's records for ``chunk_ids``, fetched as the sidecar fetches them."""
-    sqlite_file = url[len(SQLITE_PREFIX) :]
-    # open_store creates a missing SQLite file: a mistyped path would explain
-    # every chunk as MISSING_METADATA.
-    is_sqlite = not is_postgres_url(url) and url[: len(SQLITE_PREFIX)].lower() == SQLITE_PREFIX
-    if is_sqlite and sqlite_file != ":memory:" and not Path(sqlite_file).is_file():
-        raise misuse(f"no such SQLite store: {sqlite_file}")
     try:
         store = open_store(url)
-    except ValueError as exc:  # messages carry the URL redacted
+    except (ValueError, StoreNotCreated) as exc:  # messages carry the URL redacted
         raise misuse(str(exc)) from exc
     except StoreUnavailable as exc:
         raise failure(str(exc)) from exc

@@ -20,6 +20,7 @@ from sidecar.runtime.jwks_relay import run_with_jwks_relay
 from sidecar.runtime.proxy import run_proxy
 from sidecar.runtime.server import serve_until_signalled
 from sidecar.runtime.workers import serve_workers_until_signalled
+from sidecar.store.open import require_created
 
 
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -115,6 +116,8 @@ def serve(args: argparse.Namespace) -> int:
     check_exposure(settings)
     check_plain_http(settings)
     check_no_upstream_credential(settings)
+    # Here, not in each worker: one line and exit 2 rather than every worker dying.
+    require_created(settings.store.url)
     run = serve_until_signalled if settings.listen.workers == 1 else serve_workers_until_signalled
     # The relay runs here, once, not in each worker.
     return event_loop.run(run_with_jwks_relay(settings, run), settings.listen.event_loop)
@@ -137,6 +140,7 @@ def proxy(args: argparse.Namespace) -> int:
         grpc_upstream = None if args.grpc_upstream is None else Upstream.parse(args.grpc_upstream)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    require_created(settings.store.url)
     return event_loop.run(
         run_proxy(
             settings,

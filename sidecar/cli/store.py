@@ -1,14 +1,17 @@
 """The ``retrieval-gate store ...`` subcommands, as functions of parsed arguments.
 
 Each returns the process exit code: 0 done, 1 refused or failed (nothing was
-changed), 2 unusable store URL. Errors go to stderr and name the record and
-field. The store URL is never printed unredacted (it may carry a password),
-and chunk text only by ``show --with-text``.
+changed), 2 unusable store URL or a SQLite store not created yet (only
+``migrate`` creates one). Errors go to stderr and name the record and field.
+The store URL is never printed unredacted (it may carry a password), and chunk
+text only by ``show --with-text``. A command that changes records says how
+soon running gates apply the change (``watch.propagation_bound``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,21 +21,33 @@ import orjson
 from sidecar.cli.exit_codes import ExitCode
 from sidecar.cli.help_text import plain
 from sidecar.core.chunk_record import Status
-from sidecar.store import postgres
+from sidecar.store import postgres, sqlite
 from sidecar.store.loader import RecordsInvalid, load_jsonl, quote_for_message, record_to_json
-from sidecar.store.open import is_postgres_url, open_store
+from sidecar.store.open import open_store, sqlite_path
 from sidecar.store.schema import latest_version
-from sidecar.store.sqlite import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
-from sidecar.store.store import LifecycleError, MetadataStore, StoreUnavailable
+from sidecar.store.store import (
+    LifecycleError,
+    LoadPreview,
+    MetadataStore,
+    StoreNotCreated,
+    StoreUnavailable,
+)
+from sidecar.store.watch import propagation_bound
 
 
 def load(args: argparse.Namespace) -> int:
-    """``store load --store URL FILE [--reinstate]``: validate a JSON Lines file and upsert
-    it, all or none.
+    """``store load --store URL FILE [--reinstate] [--dry-run]``: validate a JSON Lines file
+    and upsert it, all or none.
 
     A record the store holds as revoked, quarantined or superseded is not made
     approved or draft again by the file (the load is refused, naming it) unless
-    ``--reinstate`` is given.
+    ``--reinstate`` is given. An approved record whose validity overlaps
+    another approved version of its document in the store, for a shared
+    principal, is refused too.
+
+    ``--dry-run`` writes nothing: it prints what the load would add, change
+    (which fields) and leave unchanged, and what it would refuse and why, by
+    chunk id (never text); the exit code is the load's.
     """
     try:
         records = load_jsonl(args.file)
@@ -43,25 +58,31 @@ def load(args: argparse.Namespace) -> int:
 
     def upsert(store: MetadataStore) -> int:
         count = store.upsert(records, reinstate=args.reinstate)
-        print(f"loaded {count} records from {args.file}")
+        print(f"loaded {count} records from {args.file}; {propagation_bound(args.store)}")
         return ExitCode.OK
 
+    def preview(store: MetadataStore) -> int:
+        return _print_preview(store.preview(records, reinstate=args.reinstate))
+
+    if args.dry_run:
+        return _with_store(args.store, preview)
     return _with_store(args.store, upsert, failure="nothing loaded: ")
 
 
 def migrate(args: argparse.Namespace) -> int:
-    """``store migrate --store URL``: bring the store's schema to this build's version.
+    """``store migrate --store URL``: create the store, or bring its schema to this build's
+    version.
 
-    PostgreSQL applies the pending versioned migrations; SQLite creates or
-    upgrades its schema whenever it is opened, so there it only reports.
+    PostgreSQL applies the pending versioned migrations to an existing
+    database; SQLite creates the file (its directory must exist) or upgrades
+    it. Every other command refuses a SQLite file that does not exist.
     """
-    if not is_postgres_url(args.store):
-
-        def report(store: MetadataStore) -> int:
-            print(f"SQLite schema is at version {SQLITE_SCHEMA_VERSION}")
-            return ExitCode.OK
-
-        return _with_store(args.store, report)
+    try:
+        path = sqlite_path(args.store)
+    except ValueError as exc:
+        return _fail(str(exc), ExitCode.CANNOT_RUN)
+    if path is not None:
+        return _migrate_sqlite(path)
     try:
         applied = postgres.migrate(args.store)
     except ValueError as exc:
@@ -144,7 +165,12 @@ def add_store_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPars
         help="let the file make revoked, quarantined or superseded records approved or "
         "draft again (refused by default)",
     )
-    command("migrate", migrate, "create or upgrade the store's schema")
+    loading.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="write nothing: print what would be added, changed and refused, by chunk id",
+    )
+    command("migrate", migrate, "create the store, or upgrade its schema")
     command("revoke", revoke, "revoke a chunk").add_argument("chunk_id", metavar="ID")
     command("quarantine", quarantine, "quarantine a chunk").add_argument("chunk_id", metavar="ID")
     command("reinstate", reinstate, "serve a withdrawn chunk again (approved)").add_argument(
@@ -160,6 +186,39 @@ def add_store_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPars
     )
 
 
+def _migrate_sqlite(path: str) -> int:
+    existed = os.path.exists(path)
+    try:
+        before = sqlite.migrate(path)
+    except StoreUnavailable as exc:
+        return _fail(str(exc))
+    if before is None:
+        print(f"created the schema in {path}" if existed else f"created SQLite store {path}")
+    elif before != sqlite.SCHEMA_VERSION:
+        print(f"upgraded SQLite schema from version {before}")
+    print(f"SQLite schema is at version {sqlite.SCHEMA_VERSION}")
+    return ExitCode.OK
+
+
+def _print_preview(preview: LoadPreview) -> int:
+    """Print a load's preview, one line per record it would write or refuse; the exit
+    code the load would end with."""
+    for chunk_id in preview.added:
+        print(f"add     {quote_for_message(chunk_id)}")
+    for chunk_id, fields in preview.changed:
+        print(f"change  {quote_for_message(chunk_id)}: {', '.join(fields)}")
+    for problem in preview.refused:
+        print(f"refuse  {problem}")
+    print(
+        f"dry run, nothing written: {len(preview.added)} to add, {len(preview.changed)} to "
+        f"change, {preview.unchanged} unchanged, {len(preview.refused)} refused"
+    )
+    refused = len(preview.refused)
+    if refused:
+        return _fail(f"the load would be refused ({refused} record{'s' * (refused > 1)} above)")
+    return ExitCode.OK
+
+
 def _set_status(
     url: str, chunk_id: str, status: Status, *, superseded_by: str | None = None
 ) -> int:
@@ -168,7 +227,7 @@ def _set_status(
         done = f"chunk {quote_for_message(record.chunk_id)} is now {record.status}"
         if record.superseded_by is not None:
             done += f", superseded by {quote_for_message(record.superseded_by)}"
-        print(done)
+        print(f"{done}; {propagation_bound(url)}")
         return ExitCode.OK
 
     return _with_store(url, change, failure="nothing changed: ")
@@ -177,6 +236,8 @@ def _set_status(
 def _with_store(url: str, action: Callable[[MetadataStore], int], *, failure: str = "") -> int:
     try:
         store = open_store(url)
+    except StoreNotCreated as exc:
+        return _fail(str(exc), ExitCode.CANNOT_RUN)
     except StoreUnavailable as exc:
         return _fail(str(exc))
     except ValueError as exc:

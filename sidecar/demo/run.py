@@ -29,6 +29,7 @@ from sidecar.runtime.ports import free_port
 from sidecar.runtime.proxy import run_proxy
 from sidecar.store.loader import load_jsonl
 from sidecar.store.open import open_store
+from sidecar.store.sqlite import migrate
 
 SEARCH_PATH = "/collections/docs/points/search"
 # Loopback only: ignore any *_proxy settings in the environment.
@@ -140,6 +141,7 @@ async def run_demo() -> int:
         chunks_file = workdir / "chunks.jsonl"
         chunks_file.write_bytes(b"\n".join(_record_line(c) for c in corpus if c.in_store) + b"\n")
         store_url = f"sqlite:///{workdir / 'gate.db'}"
+        migrate(workdir / "gate.db")  # `store migrate`: only it creates a store
         store = open_store(store_url)
         store.upsert(load_jsonl(chunks_file))
         store.close()

@@ -56,9 +56,10 @@ from sidecar.runtime.policy_source import (
 from sidecar.runtime.signals import StopSignals
 from sidecar.runtime.tracing import TracedCacheObserver, gate_tracer, start_tracing
 from sidecar.store.cache import CachedStore
-from sidecar.store.listener import ChangeListener, change_listener
+from sidecar.store.listener import ChangeListener
 from sidecar.store.open import PendingStore, is_outage
 from sidecar.store.store import MetadataStore, StoreUnavailable
+from sidecar.store.watch import ChangeWatcher, change_watcher
 from sidecar.wire import ext_authz_pb2_grpc, ext_proc_pb2_grpc, gate_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -290,7 +291,8 @@ class Sidecar:
     audit: AuditSink
     request_path: RequestPath
     response_filter: ResponseFilter
-    listener: ChangeListener | None  # live invalidation (PostgreSQL); None for SQLite
+    # Live invalidation: PostgreSQL's LISTEN, the SQLite change poll (store.watch).
+    listener: ChangeWatcher | None
     tracing: TracerProvider | None = None  # this process's spans (OTEL_* variables); None: off
     # The Gate service's admission (its own route); None: not served.
     gate_admission: RequestAdmission | None = None
@@ -364,7 +366,7 @@ class Sidecar:
         listener = (
             ChangeListener(settings.store.listen_url or settings.store.url, store)
             if isinstance(inner, PendingStore)
-            else change_listener(inner, store)
+            else change_watcher(inner, store)
         )
         return cls(
             settings,
@@ -489,7 +491,10 @@ class SidecarServer:
             # Serving before the first LISTEN would miss revocations meanwhile;
             # the cache starts empty, so a late start only costs store lookups.
             if not await listener.wait_listening(5.0):
-                log.warning("change listener not connected yet; cache TTL bounds staleness")
+                log.warning(
+                    "metadata store changes not seen yet (LISTEN not connected, or the SQLite "
+                    "change poll failed); caching no metadata until they are"
+                )
 
     async def _serving(self) -> None:
         await self._health.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)

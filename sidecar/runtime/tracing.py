@@ -185,5 +185,8 @@ class TracedCacheObserver(CacheObserver):
     def cleared(self) -> None:
         self._inner.cleared()
 
+    def watching(self, seen: bool) -> None:
+        self._inner.watching(seen)
+
     def stale_served(self, n: int) -> None:
         self._inner.stale_served(n)

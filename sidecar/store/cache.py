@@ -5,7 +5,10 @@ Found records are cached for ``ttl`` seconds, ids known to have no record for
 soon); each kind is bounded in size, the oldest entries making room. A cached
 record is served until it expires even if the store has since changed it:
 ``ttl`` bounds how long a revocation can take to be enforced, unless someone
-calls ``invalidate`` (the PostgreSQL change listener does, per notification).
+calls ``invalidate`` or ``clear``. A serving gate has a change watcher that
+does (``sidecar.store.watch``: the PostgreSQL listener per notification, the
+SQLite poll on every change) and that ``suspend``s the cache while it cannot
+see changes.
 
 An expired entry is not served, so a store outage with no fresh entry ends in
 METADATA_UNAVAILABLE (fail closed). ``stale_if_error_seconds`` relaxes that on
@@ -62,6 +65,11 @@ class CacheObserver(Protocol):
 
     def cleared(self) -> None:
         """Everything cached was dropped (e.g. the change listener reconnected)."""
+        return None
+
+    def watching(self, seen: bool) -> None:
+        """Changes to the store are now seen as they happen (``seen``: caching on), or no
+        longer (nothing is cached until they are again)."""
         return None
 
     def stale_served(self, n: int) -> None:
@@ -200,11 +208,13 @@ class CachedStore:
         """Forget everything and keep nothing new until ``resume`` (changes are unannounced)."""
         self._caching = False
         self.clear()
+        self._observer.watching(False)
 
     def resume(self) -> None:
         """Cache again from an empty cache (changes are announced again)."""
         self.clear()
         self._caching = True
+        self._observer.watching(True)
 
     def close(self) -> None:
         """Close the inner store's synchronous resources."""

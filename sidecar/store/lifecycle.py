@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.store.loader import quote_for_message
-from sidecar.store.store import ChunkNotFound, LifecycleError
+from sidecar.store.store import ChunkNotFound, LifecycleError, first_refusal
 
 # A successor in one of these states cannot be the authority that replaces a
 # chunk: a chain must end in a chunk that may still be served.
@@ -63,27 +63,32 @@ def loosening_ids(loaded: dict[str, Status]) -> list[str]:
     return sorted(chunk_id for chunk_id, status in loaded.items() if status in _SERVED)
 
 
-def check_no_reinstatement(loaded: dict[str, Status], current: dict[str, Status]) -> None:
-    """Raise LifecycleError when a load would turn a withdrawn record back into a served one.
+def reinstatement_problems(
+    loaded: dict[str, Status], current: dict[str, Status]
+) -> list[LifecycleError]:
+    """One LifecycleError per record a load would turn from withdrawn back into served.
 
     ``loaded`` and ``current`` map chunk ids to the new and the stored status.
     A record that was revoked, quarantined or superseded is reinstated only on
     purpose (``store load --reinstate``, ``store reinstate``), never by loading
     a file again.
     """
-    reinstated = sorted(
-        chunk_id
-        for chunk_id, status in loaded.items()
-        if status in _SERVED and current.get(chunk_id) in _WITHDRAWN
-    )
-    if not reinstated:
-        return
-    first = reinstated[0]
-    more = f" (and {len(reinstated) - 1} more)" if len(reinstated) > 1 else ""
-    raise LifecycleError(
-        f"is {current[first]} in the store and the file would make it {loaded[first]}{more}; "
-        "nothing was written: reinstate on purpose with `store load --reinstate` or "
-        "`store reinstate`",
-        chunk_id=first,
-        field="status",
-    )
+    return [
+        LifecycleError(
+            f"is {current[chunk_id]} in the store and the file would make it "
+            f"{loaded[chunk_id]}; reinstate on purpose with `store load --reinstate` or "
+            "`store reinstate`",
+            chunk_id=chunk_id,
+            field="status",
+        )
+        for chunk_id in sorted(loaded)
+        if loaded[chunk_id] in _SERVED and current.get(chunk_id) in _WITHDRAWN
+    ]
+
+
+def check_no_reinstatement(loaded: dict[str, Status], current: dict[str, Status]) -> None:
+    """Raise LifecycleError (the first of ``reinstatement_problems``) when a load would
+    turn a withdrawn record back into a served one."""
+    problems = reinstatement_problems(loaded, current)
+    if problems:
+        raise first_refusal(problems)

@@ -32,10 +32,13 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from sidecar.postgres.dsn import PostgresUrl, parse_postgres_url
-from sidecar.store.postgres import PostgresStore, connect_options
-from sidecar.store.store import MetadataStore
+from sidecar.store.postgres import connect_options
 
 CHANNEL = "retrieval_gate_chunks"
+# How long the listener waits for a notification before it checks that its
+# connection still answers (and how long it gives that check): a connection
+# that broke unnoticed is found within twice this, and the cache suspended.
+HEARTBEAT_SECONDS = 5.0
 FLUSH_PAYLOAD = ""  # chunk ids are never blank, so this cannot name one
 
 _log = logging.getLogger(__name__)
@@ -73,7 +76,7 @@ class ChangeListener:
         *,
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 1.0,
-        heartbeat_s: float = 5.0,
+        heartbeat_s: float = HEARTBEAT_SECONDS,
     ) -> None:
         self._url = url if isinstance(url, PostgresUrl) else parse_postgres_url(url)
         self._cache = cache
@@ -182,11 +185,3 @@ class ChangeListener:
             self._cache.clear()
         else:
             self._cache.invalidate([payload])
-
-
-def change_listener(store: MetadataStore, cache: Invalidatable) -> ChangeListener | None:
-    """A listener that keeps ``cache`` in step with ``store``, for stores that announce
-    their changes (PostgreSQL); None for the others, whose changes only the TTL bounds."""
-    if isinstance(store, PostgresStore):
-        return ChangeListener(store.listen_url, cache)
-    return None

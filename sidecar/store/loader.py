@@ -468,32 +468,31 @@ def _overlapping_versions(
     same reader at the same instant: the gate could not tell which one is the
     authority. Each conflict is reported once, on the record that starts later.
     """
-    groups: dict[tuple[str, str], list[tuple[int, ChunkRecord, frozenset[str]]]]
-    groups = defaultdict(list)
+    groups: dict[tuple[str, str], list[tuple[int, ChunkRecord]]] = defaultdict(list)
     for line, record in loaded:
         if record.status is Status.APPROVED:
-            audience = frozenset(record.allowed_principals)
-            groups[(record.tenant_id, record.doc_id)].append((line, record, audience))
+            groups[(record.tenant_id, record.doc_id)].append((line, record))
     errors = []
     for members in groups.values():
-        if len({record.version for _, record, _ in members}) < 2:
+        if len({record.version for _, record in members}) < 2:
             continue
         members.sort(key=lambda member: (member[1].effective_at, member[0]))
         # Sweep in order of start: earlier records still valid at this start,
         # kept per version so that a document's many chunks of one version are
         # never compared with each other.
-        active: dict[str, list[tuple[int, ChunkRecord, frozenset[str]]]] = defaultdict(list)
-        for line, record, audience in members:
+        active: dict[str, list[tuple[int, ChunkRecord]]] = defaultdict(list)
+        for line, record in members:
             conflict = None
             for version, others in active.items():
                 if version == record.version:
                     continue
+                # Those no longer valid at this start cannot overlap any later one.
                 others[:] = [o for o in others if _valid_at(o[1], record.effective_at)]
-                conflict = next((o for o in others if not o[2].isdisjoint(audience)), None)
+                conflict = next((o for o in others if versions_overlap(o[1], record)), None)
                 if conflict is not None:
                     break
             if conflict is not None:
-                other_line, other, _ = conflict
+                other_line, other = conflict
                 version = quote_for_message(record.version)
                 document = quote_for_message(record.doc_id)
                 other_version = quote_for_message(other.version)
@@ -510,8 +509,31 @@ def _overlapping_versions(
                         source=source,
                     )
                 )
-            active[record.version].append((line, record, audience))
+            active[record.version].append((line, record))
     return errors
+
+
+def versions_overlap(one: ChunkRecord, other: ChunkRecord) -> bool:
+    """True when ``one`` and ``other`` are approved records of different versions of one
+    document (tenant and doc_id) that are valid at the same instant for a shared
+    principal: the gate could not tell which version is the authority.
+
+    Records of the same version never overlap (a version has many chunks).
+    """
+    return (
+        one.status is Status.APPROVED
+        and other.status is Status.APPROVED
+        and one.version != other.version
+        and one.doc_id == other.doc_id
+        and one.tenant_id == other.tenant_id
+        and one.effective_at < _end(other)
+        and other.effective_at < _end(one)
+        and not frozenset(one.allowed_principals).isdisjoint(other.allowed_principals)
+    )
+
+
+def _end(record: ChunkRecord) -> datetime:
+    return datetime.max.replace(tzinfo=UTC) if record.expires_at is None else record.expires_at
 
 
 def _valid_at(record: ChunkRecord, moment: datetime) -> bool:

@@ -9,10 +9,9 @@ import psycopg
 from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.postgres.dsn import SCHEMES as POSTGRES_SCHEMES
 from sidecar.store.postgres import PostgresStore
-from sidecar.store.sqlite import SqliteStore
-from sidecar.store.store import MetadataStore, SchemaMismatch, StoreUnavailable
-
-SQLITE_PREFIX = "sqlite:///"
+from sidecar.store.sqlite import URL_PREFIX as SQLITE_PREFIX
+from sidecar.store.sqlite import SqliteStore, require_file
+from sidecar.store.store import LoadPreview, MetadataStore, SchemaMismatch, StoreUnavailable
 
 _SUPPORTED = (
     "supported: sqlite:///relative/path.db, sqlite:////absolute/path.db, "
@@ -33,20 +32,33 @@ def open_store(url: str) -> MetadataStore:
     the password out of the URL (PGPASSWORD or ~/.pgpass); if it is there, it
     is redacted from every message.
 
+    SQLite URLs: see :func:`sqlite_path`. The file must exist: only ``store
+    migrate`` (``sqlite.migrate``) creates one.
+
+    Raises ValueError for an unsupported or malformed URL, and StoreUnavailable
+    when the store cannot be opened (StoreNotCreated for a SQLite file that is
+    not there, SchemaMismatch for a store without this build's schema).
+    """
+    path = sqlite_path(url)
+    if path is None:
+        return PostgresStore(url)
+    return SqliteStore(path)
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file a ``sqlite:///`` URL names; None for a PostgreSQL URL.
+
     SQLite URLs follow SQLAlchemy's convention: ``sqlite:///`` is followed by
     the file path, so ``sqlite:///data/chunks.db`` is relative to the working
     directory and ``sqlite:////var/lib/gate/chunks.db`` (four slashes) is
     absolute. The path is taken literally (no percent-decoding, no query
-    parameters). The file and its schema are created when missing.
-
-    Raises ValueError for an unsupported or malformed URL, and StoreUnavailable
-    when the store cannot be opened.
+    parameters). Raises ValueError for an unsupported or malformed URL.
     """
     scheme, separator, _ = url.partition("://")
     if not separator:
         raise ValueError(f"metadata store URL has no scheme; {_SUPPORTED}")
     if is_postgres_url(url):
-        return PostgresStore(url)
+        return None
     # Only the scheme is echoed: a database URL may carry a password.
     if scheme.lower() != "sqlite":
         raise ValueError(f"unsupported metadata store URL scheme {scheme!r}; {_SUPPORTED}")
@@ -62,7 +74,22 @@ def open_store(url: str) -> MetadataStore:
         raise ValueError("in-memory SQLite is not supported; name a file")
     if "?" in path:
         raise ValueError("SQLite URL query parameters are not supported")
-    return SqliteStore(path)
+    return path
+
+
+def require_created(url: str) -> None:
+    """Raise StoreNotCreated when ``url`` names a SQLite file that does not exist.
+
+    For a process about to start workers, each of which would otherwise fail on
+    its own; whatever else may be wrong with ``url`` is reported by
+    :func:`open_store` when the store is opened.
+    """
+    try:
+        path = sqlite_path(url)
+    except ValueError:
+        return
+    if path is not None:
+        require_file(path)
 
 
 # What libpq and the server say when the server cannot be reached, or cannot
@@ -152,6 +179,9 @@ class PendingStore:
 
     def upsert(self, records: Iterable[ChunkRecord], *, reinstate: bool = False) -> int:
         return self._store().upsert(records, reinstate=reinstate)
+
+    def preview(self, records: Iterable[ChunkRecord], *, reinstate: bool = False) -> LoadPreview:
+        return self._store().preview(records, reinstate=reinstate)
 
     def get(self, chunk_id: str) -> ChunkRecord | None:
         return self._store().get(chunk_id)

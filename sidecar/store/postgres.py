@@ -46,9 +46,11 @@ from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.postgres.dsn import PostgresUrl, parse_postgres_url
 from sidecar.postgres.errors import describe_error
 from sidecar.store.lifecycle import check_no_reinstatement, check_status_change, loosening_ids
+from sidecar.store.preview import preview_load
 from sidecar.store.rows import RowCodec
 from sidecar.store.schema import Migration, apply_migrations, check_schema
-from sidecar.store.store import StoreEndpoint, StoreUnavailable
+from sidecar.store.store import LoadPreview, StoreEndpoint, StoreUnavailable
+from sidecar.store.versions import check_approval, check_no_version_overlap, touched_documents
 
 _SELECT = """
     SELECT c.chunk_id, c.doc_id, c.version, c.tenant_id, c.allowed_principals, c.status,
@@ -65,6 +67,19 @@ _LOCK = _SELECT + " WHERE c.chunk_id = ANY(%s) ORDER BY c.chunk_id FOR UPDATE OF
 # Locked, so that a revocation cannot slip in between this read and the write.
 _LOCK_STATUS = "SELECT chunk_id, status FROM chunks WHERE chunk_id = ANY(%s) FOR UPDATE"
 _SET_STATUS = "UPDATE chunks SET status = %s, superseded_by = %s WHERE chunk_id = %s"
+# The approved versions of documents, for the overlap check: no text, no signature
+# lookup (neither takes part), in the row form RowCodec decodes.
+_APPROVED_OF_DOCUMENTS = """
+    SELECT chunk_id, doc_id, version, tenant_id, allowed_principals, status,
+           effective_at, expires_at, sha256, source_uri, superseded_by,
+           requires_signature, NULL, payload_sha256, false
+    FROM chunks WHERE status = 'approved' AND doc_id = ANY(%s) ORDER BY chunk_id
+"""
+# Serialises the writes that can make a record approved (loads, approvals): the
+# overlap check reads which versions exist, and rows a concurrent load is about
+# to insert cannot be locked. An arbitrary constant: "rgvers".
+_APPROVALS_LOCK_KEY = 0x7267_7665_7273
+_READ_ONLY_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 # Upserts go through a staging table filled by COPY: several times faster than
 # one INSERT per record for a large file.
 _STAGE = "CREATE TEMP TABLE chunks_upsert (LIKE chunks) ON COMMIT DROP"
@@ -256,16 +271,31 @@ class PostgresStore:
         # The last record of an id wins, as if they were written one by one.
         rows = {record.chunk_id: _ROWS.encode(record) for record in batch}
         with self._operation("upsert") as connection, connection.transaction():
+            connection.execute("SELECT pg_advisory_xact_lock(%s)", (_APPROVALS_LOCK_KEY,))
             if not reinstate:
                 loaded = {record.chunk_id: record.status for record in batch}
                 stored = connection.execute(_LOCK_STATUS, (loosening_ids(loaded),)).fetchall()
                 check_no_reinstatement(loaded, {row[0]: Status(row[1]) for row in stored})
+            check_no_version_overlap(
+                batch, _approved_of_documents(connection, touched_documents(batch))
+            )
             connection.execute(_STAGE)
             with connection.cursor() as cursor, cursor.copy(_COPY) as copy:
                 for row in rows.values():
                     copy.write_row(row)
             connection.execute(_MERGE)
         return len(batch)
+
+    def preview(self, records: Iterable[ChunkRecord], *, reinstate: bool = False) -> LoadPreview:
+        """What ``upsert`` would do, read in one read-only snapshot; see
+        ``MetadataStore.preview``."""
+        batch = list(records)
+        with self._operation("preview") as connection, connection.transaction():
+            connection.execute(_READ_ONLY_SNAPSHOT)
+            ids = list(dict.fromkeys(record.chunk_id for record in batch))
+            stored = _ROWS.decode_rows(connection.execute(_FETCH, (ids,)).fetchall())
+            approved = _approved_of_documents(connection, touched_documents(batch))
+        return preview_load(batch, stored=stored, approved=approved, reinstate=reinstate)
 
     def get(self, chunk_id: str) -> ChunkRecord | None:
         """The record of one chunk (text included), or None; raises StoreUnavailable."""
@@ -278,15 +308,21 @@ class PostgresStore:
     ) -> ChunkRecord:
         """Set status and successor with both rows locked; see ``MetadataStore.set_status``."""
         ids = [chunk_id] if superseded_by is None else [chunk_id, superseded_by]
+        approving = Status(status) is Status.APPROVED
         with self._operation("status change") as connection, connection.transaction():
+            if approving:
+                connection.execute("SELECT pg_advisory_xact_lock(%s)", (_APPROVALS_LOCK_KEY,))
             found = _ROWS.decode_rows(connection.execute(_LOCK, (ids,)).fetchall())
+            current = found.get(chunk_id)
             check_status_change(
                 chunk_id,
                 status,
                 superseded_by,
-                current=found.get(chunk_id),
+                current=current,
                 successor=None if superseded_by is None else found.get(superseded_by),
             )
+            if approving and current is not None:
+                check_approval(current, _approved_of_documents(connection, [current.doc_id]))
             connection.execute(_SET_STATUS, (Status(status).value, superseded_by, chunk_id))
             row = connection.execute(_GET, (chunk_id,)).fetchone()
         assert row is not None  # locked above, so still there
@@ -325,6 +361,16 @@ class PostgresStore:
                 raise StoreUnavailable(
                     self.url.scrub(f"PostgreSQL metadata {action} failed: {describe_error(exc)}")
                 ) from None
+
+
+def _approved_of_documents(
+    connection: psycopg.Connection[TupleRow], doc_ids: list[str]
+) -> list[ChunkRecord]:
+    """The stored approved records of these documents, without their text."""
+    if not doc_ids:
+        return []
+    rows = connection.execute(_APPROVED_OF_DOCUMENTS, (doc_ids,)).fetchall()
+    return list(_ROWS.decode_rows(rows).values())
 
 
 def migrate(url: str) -> list[Migration]:

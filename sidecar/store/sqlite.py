@@ -13,10 +13,18 @@ which scripts reading the file may rely on:
   ``is_valid``: 0 or 1.
 
 ``fetch`` and ``get`` set ``signature_valid`` when a signature with
-``is_valid = 1`` exists for the record's doc_id and version. Older files are
-upgraded in place when opened: version 1 lacks ``electronic_signatures``,
-version 2 the ``payload_sha256`` column (added as NULL: those records vouch for
-no payload field).
+``is_valid = 1`` exists for the record's doc_id and version.
+
+Only ``migrate`` (``retrieval-gate store migrate``) creates a file: opening a
+path that does not exist, or a file without this schema, is refused
+(StoreNotCreated, SchemaMismatch), so that a mistyped path cannot serve an
+empty store that rejects everything. Older files are upgraded in place when
+opened: version 1 lacks ``electronic_signatures``, version 2 the
+``payload_sha256`` column (added as NULL: those records vouch for no payload
+field).
+
+Running gates learn of changes made by any process through ``data_version``
+(``sidecar.store.change_poll``).
 
 CHECK constraints guard these forms against hand edits. A row that still cannot
 be decoded is logged and counts as absent (see ``rows.py``).
@@ -25,19 +33,31 @@ be decoded is logged and counts as absent (see ``rows.py``).
 from __future__ import annotations
 
 import os
+import shlex
 import sqlite3
 import threading
 from collections.abc import Collection, Iterable, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 
 import orjson
 
 from sidecar.core.chunk_record import CONTRACT_FIELDS, ChunkRecord, Status
 from sidecar.store.lifecycle import check_no_reinstatement, check_status_change, loosening_ids
+from sidecar.store.preview import preview_load
 from sidecar.store.rows import RowCodec
-from sidecar.store.store import StoreEndpoint, StoreUnavailable
+from sidecar.store.store import (
+    LoadPreview,
+    SchemaMismatch,
+    StoreEndpoint,
+    StoreNotCreated,
+    StoreUnavailable,
+)
+from sidecar.store.versions import check_approval, check_no_version_overlap, touched_documents
 
 SCHEMA_VERSION = 3
+# SQLAlchemy's spelling: the file path follows, relative unless it starts with "/".
+URL_PREFIX = "sqlite:///"
 
 _COLUMNS = CONTRACT_FIELDS
 _TIMESTAMP_GLOB = (
@@ -85,6 +105,8 @@ _SCHEMA = (
     )""",
     """CREATE INDEX IF NOT EXISTS electronic_signatures_document
         ON electronic_signatures (doc_id, version) WHERE is_valid = 1""",
+    # A write reads the approved versions of each document it touches (versions.py).
+    "CREATE INDEX IF NOT EXISTS chunks_doc_id_version ON chunks (doc_id, version)",
 )
 # Schema versions this build opens. Version 1 lacks electronic_signatures, which
 # the statements above create; versions 1 and 2 lack chunks.payload_sha256,
@@ -100,6 +122,13 @@ _SELECT = (
     " FROM chunks AS c"
 )
 _GET = _SELECT + " WHERE c.chunk_id = ?"
+# The approved versions of documents, for the overlap check: no text, no signature
+# lookup (neither takes part), in the row form RowCodec decodes.
+_APPROVED_OF_DOCUMENTS = (
+    "SELECT "  # noqa: S608 - column names come from the record contract, never from input
+    + ", ".join("NULL" if column == "text" else column for column in _COLUMNS)
+    + ", 0 FROM chunks WHERE status = 'approved' AND doc_id IN "
+)
 _SET_STATUS = "UPDATE chunks SET status = ?, superseded_by = ? WHERE chunk_id = ?"
 _UPDATES = ", ".join(f"{column} = excluded.{column}" for column in _COLUMNS[1:])
 # Column names come from ChunkRecord's fields, never from input; values are bound.
@@ -117,10 +146,11 @@ _WRITE_BUSY_TIMEOUT_S = 5.0
 
 
 class SqliteStore:
-    """MetadataStore backed by one SQLite file, created with its schema if missing.
+    """MetadataStore backed by one SQLite file that ``migrate`` created.
 
-    Raises StoreUnavailable when the file cannot be opened or carries a schema
-    version this code does not know.
+    Raises StoreNotCreated when there is no file at ``path``, SchemaMismatch
+    when the file has no retrieval-gate schema or one of a version this code
+    does not know, and StoreUnavailable when it cannot be opened.
     """
 
     endpoint = StoreEndpoint("sqlite")  # in process: no server to name
@@ -135,6 +165,7 @@ class SqliteStore:
         try:
             self._writer, self._reader = _open(path)
         except sqlite3.Error as exc:
+            require_file(path)
             where = os.fspath(path)
             raise StoreUnavailable(f"cannot open SQLite metadata store {where!r}: {exc}") from exc
 
@@ -166,11 +197,9 @@ class SqliteStore:
         batch = list(records)
         # Encode first, so that a bad record fails before the transaction starts.
         encoded = [_ROWS.encode(record) for record in batch]
-        # The last record of an id wins, as if they were written one by one.
-        guard = None if reinstate else {record.chunk_id: record.status for record in batch}
         try:
             with self._write_lock:
-                _write(self._writer, encoded, guard)
+                _write(self._writer, batch, encoded, reinstate=reinstate)
         except sqlite3.IntegrityError as exc:
             raise ValueError(
                 f"a record violates the chunks table constraints ({exc}); nothing was written"
@@ -178,6 +207,36 @@ class SqliteStore:
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"SQLite metadata upsert failed: {exc}") from exc
         return len(encoded)
+
+    def preview(self, records: Iterable[ChunkRecord], *, reinstate: bool = False) -> LoadPreview:
+        """What ``upsert`` would do, read in one read transaction; see
+        ``MetadataStore.preview``."""
+        batch = list(records)
+        try:
+            with self._read_lock:
+                self._reader.execute("BEGIN")
+                try:
+                    stored = _ROWS.decode_rows(_select(self._reader, [r.chunk_id for r in batch]))
+                    approved = _approved_of_documents(self._reader, touched_documents(batch))
+                finally:
+                    self._reader.rollback()
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite metadata query failed: {exc}") from exc
+        return preview_load(batch, stored=stored, approved=approved, reinstate=reinstate)
+
+    def data_version(self) -> int:
+        """A number that changes whenever another connection (this store's own writer,
+        another process) commits a change to the file (``PRAGMA data_version``).
+
+        Raises StoreUnavailable on any SQLite error.
+        """
+        try:
+            with self._read_lock:
+                row = self._reader.execute("PRAGMA data_version").fetchone()
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite data_version failed: {exc}") from exc
+        version: int = row[0]
+        return version
 
     def get(self, chunk_id: str) -> ChunkRecord | None:
         """The record of one chunk (text included), or None.
@@ -217,12 +276,36 @@ class SqliteStore:
         self.close()
 
 
+def migrate(path: str | os.PathLike[str]) -> int | None:
+    """Create the SQLite store at ``path`` (its directory must exist), or bring an
+    existing file's schema to this build's version; return the version the file had
+    (None: it was created, or had no schema).
+
+    Raises SchemaMismatch for a schema newer than this build, StoreUnavailable
+    when the file cannot be opened or written.
+    """
+    try:
+        connection = _connect(path, _WRITE_BUSY_TIMEOUT_S, create=True)
+    except sqlite3.Error as exc:
+        where = os.fspath(path)
+        directory = os.path.dirname(os.path.abspath(where))
+        reason = exc if os.path.isdir(directory) else f"directory {directory} does not exist"
+        raise StoreUnavailable(f"cannot create SQLite metadata store {where!r}: {reason}") from exc
+    try:
+        return _ensure_schema(connection, path, create=True)
+    except sqlite3.Error as exc:
+        where = os.fspath(path)
+        raise StoreUnavailable(f"cannot migrate SQLite metadata store {where!r}: {exc}") from exc
+    finally:
+        connection.close()
+
+
 def _open(path: str | os.PathLike[str]) -> tuple[sqlite3.Connection, sqlite3.Connection]:
     opened: list[sqlite3.Connection] = []
     try:
         writer = _connect(path, _WRITE_BUSY_TIMEOUT_S)
         opened.append(writer)
-        _ensure_schema(writer)
+        _ensure_schema(writer, path, create=False)
         reader = _connect(path, _READ_BUSY_TIMEOUT_S)
         opened.append(reader)
         reader.execute("PRAGMA query_only = ON")
@@ -233,38 +316,85 @@ def _open(path: str | os.PathLike[str]) -> tuple[sqlite3.Connection, sqlite3.Con
     return writer, reader
 
 
-def _connect(path: str | os.PathLike[str], busy_timeout_s: float) -> sqlite3.Connection:
+def _connect(
+    path: str | os.PathLike[str], busy_timeout_s: float, *, create: bool = False
+) -> sqlite3.Connection:
+    # Opened by URI so that a missing file is an error rather than created
+    # (mode=rw); the path is percent-encoded, so any file name works.
+    uri = Path(path).absolute().as_uri() + ("?mode=rwc" if create else "?mode=rw")
     # isolation_level=None: no implicit transactions; every transaction is
     # explicit, so a read never holds a snapshot open between fetches.
     return sqlite3.connect(
-        path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+        uri, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False, uri=True
     )
 
 
-def _ensure_schema(connection: sqlite3.Connection) -> None:
+def _ensure_schema(
+    connection: sqlite3.Connection, path: str | os.PathLike[str], *, create: bool
+) -> int | None:
+    """Check (and, if older, upgrade) the file's schema; with ``create``, create a
+    missing one. The version found before, None if there was no schema."""
+    if not create and not _has_schema(connection):
+        # Checked before anything is written: a file that is not ours stays as it is.
+        raise SchemaMismatch(
+            f"SQLite metadata store {_where(path)} has no retrieval-gate schema; "
+            f"create it with: {_migrate_command(path)}"
+        )
     connection.execute("PRAGMA journal_mode = WAL")
     connection.execute("BEGIN IMMEDIATE")
     try:
+        # Each statement is IF NOT EXISTS: on a file at this version none writes,
+        # so opening the store is no change that running gates would see.
         for statement in _SCHEMA:
             connection.execute(statement)
         versions = connection.execute("SELECT version FROM schema_version").fetchall()
+        found: int | None = None
         if not versions:
             connection.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
         elif len(versions) == 1 and versions[0][0] in _UPGRADABLE_VERSIONS:
+            found = versions[0][0]
             columns = {row[1] for row in connection.execute("PRAGMA table_info(chunks)")}
             if "payload_sha256" not in columns:
                 connection.execute(_ADD_PAYLOAD_SHA256)
-            connection.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
+            if found != SCHEMA_VERSION:
+                connection.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
         else:
-            found = ", ".join(str(version) for (version,) in versions)
-            raise StoreUnavailable(
-                f"SQLite metadata store has schema version {found}; "
+            raise SchemaMismatch(
+                f"SQLite metadata store {_where(path)} has schema version "
+                f"{', '.join(str(version) for (version,) in versions)}; "
                 f"this build supports only version {SCHEMA_VERSION}"
             )
         connection.execute("COMMIT")
     except BaseException:
         connection.rollback()
         raise
+    return found
+
+
+def _has_schema(connection: sqlite3.Connection) -> bool:
+    query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+    return connection.execute(query).fetchone() is not None
+
+
+def _where(path: str | os.PathLike[str]) -> str:
+    """The path as given, and where that is when it is relative."""
+    given = os.fspath(path)
+    if os.path.isabs(given):
+        return given
+    return f"{given} ({os.path.abspath(given)})"
+
+
+def _migrate_command(path: str | os.PathLike[str]) -> str:
+    return f"retrieval-gate store migrate --store {shlex.quote(URL_PREFIX + os.fspath(path))}"
+
+
+def require_file(path: str | os.PathLike[str]) -> None:
+    """Raise StoreNotCreated, saying how to create it, when there is no file at ``path``."""
+    if not os.path.exists(path):
+        raise StoreNotCreated(
+            f"SQLite metadata store {_where(path)} does not exist; "
+            f"create it with: {_migrate_command(path)}"
+        )
 
 
 def _select(connection: sqlite3.Connection, ids: list[str]) -> list[tuple[object, ...]]:
@@ -273,15 +403,23 @@ def _select(connection: sqlite3.Connection, ids: list[str]) -> list[tuple[object
     ]
     if len(batches) == 1:
         return connection.execute(_select_sql(len(ids)), ids).fetchall()
+    if connection.in_transaction:  # the caller's snapshot
+        return _select_batches(connection, batches)
     # One read transaction, so that every batch sees the same snapshot.
     connection.execute("BEGIN")
     try:
-        rows = []
-        for batch in batches:
-            rows += connection.execute(_select_sql(len(batch)), batch).fetchall()
-        return rows
+        return _select_batches(connection, batches)
     finally:
         connection.rollback()
+
+
+def _select_batches(
+    connection: sqlite3.Connection, batches: list[list[str]]
+) -> list[tuple[object, ...]]:
+    rows = []
+    for batch in batches:
+        rows += connection.execute(_select_sql(len(batch)), batch).fetchall()
+    return rows
 
 
 def _select_sql(count: int) -> str:
@@ -301,13 +439,16 @@ def _change_status(
         successor = None
         if superseded_by is not None:
             successor = connection.execute(_GET, (superseded_by,)).fetchone()
+        record = None if current is None else _ROWS.decode_or_log(current)
         check_status_change(
             chunk_id,
             status,
             superseded_by,
-            current=None if current is None else _ROWS.decode_or_log(current),
+            current=record,
             successor=None if successor is None else _ROWS.decode_or_log(successor),
         )
+        if status is Status.APPROVED and record is not None:
+            check_approval(record, _approved_of_documents(connection, [record.doc_id]))
         connection.execute(_SET_STATUS, (status.value, superseded_by, chunk_id))
         row: tuple[object, ...] = connection.execute(_GET, (chunk_id,)).fetchone()
         connection.execute("COMMIT")
@@ -319,19 +460,38 @@ def _change_status(
 
 def _write(
     connection: sqlite3.Connection,
+    batch: list[ChunkRecord],
     rows: list[tuple[object, ...]],
-    guard: dict[str, Status] | None,
+    *,
+    reinstate: bool,
 ) -> None:
+    # BEGIN IMMEDIATE takes the write lock first: what the checks read cannot
+    # change (no revocation, no other version loaded) before the rows are written.
     connection.execute("BEGIN IMMEDIATE")
     try:
-        if guard is not None:
-            # Read inside the write transaction: no revocation can slip in between.
-            check_no_reinstatement(guard, _stored_statuses(connection, loosening_ids(guard)))
+        if not reinstate:
+            # The last record of an id wins, as if they were written one by one.
+            loaded = {record.chunk_id: record.status for record in batch}
+            check_no_reinstatement(loaded, _stored_statuses(connection, loosening_ids(loaded)))
+        check_no_version_overlap(
+            batch, _approved_of_documents(connection, touched_documents(batch))
+        )
         connection.executemany(_UPSERT, rows)
         connection.execute("COMMIT")
     except BaseException:
         connection.rollback()
         raise
+
+
+def _approved_of_documents(connection: sqlite3.Connection, doc_ids: list[str]) -> list[ChunkRecord]:
+    """The stored approved records of these documents, without their text."""
+    rows = []
+    for start in range(0, len(doc_ids), _MAX_IDS_PER_QUERY):
+        part = doc_ids[start : start + _MAX_IDS_PER_QUERY]
+        marks = ", ".join("?" * len(part))
+        query = f"{_APPROVED_OF_DOCUMENTS}({marks}) ORDER BY chunk_id"
+        rows += connection.execute(query, part).fetchall()
+    return list(_ROWS.decode_rows(rows).values())
 
 
 def _stored_statuses(connection: sqlite3.Connection, chunk_ids: list[str]) -> dict[str, Status]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.store.loader import RecordError
@@ -19,6 +19,11 @@ class SchemaMismatch(StoreUnavailable):
     what to run."""
 
 
+class StoreNotCreated(SchemaMismatch):
+    """The store named does not exist (a SQLite file that is not there); only
+    ``store migrate`` creates one, and the message says so."""
+
+
 class LifecycleError(RecordError):
     """A status change was refused; ``str()`` names the chunk and the field at fault.
 
@@ -28,6 +33,50 @@ class LifecycleError(RecordError):
 
 class ChunkNotFound(LifecycleError):
     """The chunk to change has no record."""
+
+
+class VersionOverlap(RecordError):
+    """A write was refused: it would make two approved versions of one document valid
+    at the same instant for a shared principal (``sidecar.store.versions``).
+
+    Nothing was written; ``str()`` names the chunk, the field to change and the
+    other version's chunk.
+    """
+
+
+_Refusal = TypeVar("_Refusal", bound=RecordError)
+
+
+def first_refusal(problems: Sequence[_Refusal]) -> _Refusal:
+    """The first of ``problems`` (not empty), its message saying how many records more
+    are refused: what a refused write raises, while a preview lists them all."""
+    first = problems[0]
+    if len(problems) == 1:
+        return first
+    more = len(problems) - 1
+    return type(first)(
+        f"{first.message} (and {more} more record{'s' if more > 1 else ''})",
+        line=first.line,
+        chunk_id=first.chunk_id,
+        field=first.field,
+        source=first.source,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPreview:
+    """What loading a batch of records would do, found without writing anything.
+
+    ``added``: ids the store has no record of; ``changed``: (id, names of the
+    fields that would change) for the others that differ; ``unchanged``: how
+    many are stored exactly as given. ``refused``: why the load would be
+    refused (empty: it would succeed), one error per record at fault.
+    """
+
+    added: tuple[str, ...]
+    changed: tuple[tuple[str, tuple[str, ...]], ...]
+    unchanged: int
+    refused: tuple[RecordError, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +105,20 @@ class MetadataStore(Protocol):
 
         A record stored as revoked, quarantined or superseded is not made
         approved or draft again unless ``reinstate``: LifecycleError, nothing
-        written (``sidecar.store.lifecycle.check_no_reinstatement``).
+        written (``sidecar.store.lifecycle.check_no_reinstatement``). An
+        approved record whose validity overlaps another approved version of its
+        document, stored or in the batch, for a shared principal is refused
+        with VersionOverlap, nothing written (``sidecar.store.versions``).
 
         ``signature_valid`` of the given records is ignored. Raises ValueError
         when a record cannot be stored and StoreUnavailable when the store
         cannot be reached; in both cases nothing is written.
         """
+        ...
+
+    def preview(self, records: Iterable[ChunkRecord], *, reinstate: bool = False) -> LoadPreview:
+        """What ``upsert(records, reinstate=reinstate)`` would do, read in one transaction
+        that writes nothing (``sidecar.store.preview``); raises StoreUnavailable."""
         ...
 
     def get(self, chunk_id: str) -> ChunkRecord | None:
@@ -75,8 +132,10 @@ class MetadataStore(Protocol):
 
         ``superseded_by`` is required with SUPERSEDED and refused otherwise
         (other statuses clear it); the successor must exist, belong to the same
-        tenant and be neither superseded nor revoked. Raises ChunkNotFound or
-        LifecycleError (nothing changed) and StoreUnavailable.
+        tenant and be neither superseded nor revoked. APPROVED is refused when
+        it would overlap another approved version of the document
+        (VersionOverlap). Raises ChunkNotFound, LifecycleError or
+        VersionOverlap (nothing changed) and StoreUnavailable.
         """
         ...
 

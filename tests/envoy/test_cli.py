@@ -16,6 +16,7 @@ from sidecar.runtime.ports import free_port
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.harness import CLI, http, write_records
 from tests.fixtures.records import record_dict, text_for
+from tests.fixtures.stores import new_sqlite_url
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -31,7 +32,7 @@ def test_store_load_reports_every_bad_record_and_loads_nothing(tmp_path: Path) -
             record_dict("no-tenant", tenant_id=""),
         ],
     )
-    store = f"sqlite:///{tmp_path / 'gate.db'}"
+    store = new_sqlite_url(tmp_path / "gate.db")
     done = run_cli("store", "load", "--store", store, str(chunks))
     assert done.returncode == 1
     assert 'line 2 (chunk "no-zone"), field "effective_at"' in done.stderr
@@ -51,14 +52,14 @@ def test_policy_test_command_runs_the_rego_unit_tests() -> None:
 
 
 def test_missing_identity_flag_is_a_clear_error(tmp_path: Path) -> None:
-    done = run_cli("serve", "--store", f"sqlite:///{tmp_path / 'g.db'}")
+    done = run_cli("serve", "--store", new_sqlite_url(tmp_path / "g.db"))
     assert done.returncode == 2
     assert "identity.mode is required" in done.stderr
 
 
 @pytest.mark.envoy
 def test_proxy_filters_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
-    store = f"sqlite:///{tmp_path / 'gate.db'}"
+    store = new_sqlite_url(tmp_path / "gate.db")
     chunks = write_records(
         tmp_path / "chunks.jsonl", [record_dict("1"), record_dict("2", status="revoked")]
     )

@@ -34,6 +34,7 @@ from tests.fixtures.harness import (
 )
 from tests.fixtures.jwks_server import JwksServer
 from tests.fixtures.records import record_dict, text_for
+from tests.fixtures.stores import new_sqlite_url
 
 pytestmark = pytest.mark.envoy
 
@@ -449,7 +450,7 @@ def test_a_jwks_url_unreachable_at_start_fails_closed_in_both_modes(tmp_path: Pa
 def test_proxy_relays_a_jwks_url_to_its_envoy(tmp_path: Path) -> None:
     """`retrieval-gate proxy` serves the relay on a private unix socket to the Envoy it runs."""
     provider = JwksServer(tokens.jwks(URL_WEAK, URL_STRONG))
-    store = f"sqlite:///{tmp_path / 'gate.db'}"
+    store = new_sqlite_url(tmp_path / "gate.db")
     chunks = write_records(tmp_path / "chunks.jsonl", RECORDS)
     subprocess.run([*CLI, "store", "load", "--store", store, str(chunks)], check=True)
     upstream = FixtureUpstream().start()

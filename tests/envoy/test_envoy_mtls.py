@@ -33,6 +33,7 @@ from sidecar.runtime.ports import free_port
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.harness import CLI, GateStack, HttpResult, search_ids, wait_until, write_records
 from tests.fixtures.records import record_dict, text_for
+from tests.fixtures.stores import new_sqlite_url
 
 pytestmark = pytest.mark.envoy
 
@@ -342,7 +343,7 @@ def test_without_a_certificate_the_sidecar_answers_401_whatever_the_headers(
 
 
 def test_proxy_terminates_mtls_with_the_tls_settings(tmp_path: Path, pki: Pki) -> None:
-    store = f"sqlite:///{tmp_path / 'gate.db'}"
+    store = new_sqlite_url(tmp_path / "gate.db")
     chunks = write_records(tmp_path / "chunks.jsonl", RECORDS)
     subprocess.run([*CLI, "store", "load", "--store", store, str(chunks)], check=True)
     config = tmp_path / "gate.toml"

@@ -139,9 +139,13 @@ def test_supersede_with_the_cli_and_substitute(stack: GateStack, database: str) 
     )
     before = served(stack)
     assert 3 in before
+    # Two approved versions of doc-3 at once would be refused: the successor comes in
+    # as a draft, takes over, then is approved.
+    draft = write_records(stack.workdir / "draft.jsonl", [{**successor, "status": "draft"}])
+    subprocess.run([*CLI, "store", "load", "--store", database, str(draft)], check=True)
+    subprocess.run([*CLI, "store", "supersede", "3", "--by", "33", "--store", database], check=True)
     path = write_records(stack.workdir / "successor.jsonl", [successor])
     subprocess.run([*CLI, "store", "load", "--store", database, str(path)], check=True)
-    subprocess.run([*CLI, "store", "supersede", "3", "--by", "33", "--store", database], check=True)
     assert_served_becomes(stack, [i for i in before if i != 3])
     substituted = stack.search("/collections/current/points/search").json()["result"]
     hit = next(h for h in substituted if h["id"] == 33)

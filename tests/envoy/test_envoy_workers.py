@@ -21,6 +21,7 @@ from sidecar.runtime.workers import worker_addresses, worker_audit_log
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.harness import CLI, GateStack
 from tests.fixtures.records import record_dict, text_for
+from tests.fixtures.stores import new_sqlite_url
 
 pytestmark = pytest.mark.envoy
 
@@ -139,7 +140,7 @@ def test_a_second_sidecar_on_a_taken_port_fails_instead_of_sharing_it(tmp_path: 
     config = tmp_path / "gate.toml"
     config.write_text(
         '[identity]\nmode = "trusted-headers"\n'
-        f'[store]\nurl = "sqlite:///{tmp_path / "gate.db"}"\n'
+        f'[store]\nurl = "{new_sqlite_url(tmp_path / "gate.db")}"\n'
         f'[listen]\ngrpc = "127.0.0.1:{port}"\n'
     )
     first = subprocess.Popen([*CLI, "serve", "--config", str(config)], stderr=subprocess.PIPE)

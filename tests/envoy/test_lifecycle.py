@@ -34,6 +34,7 @@ from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.harness import CLI, GateStack, HttpResult, http, search_ids, write_records
 from tests.fixtures.postgres import fresh_database
 from tests.fixtures.records import record_dict, text_for
+from tests.fixtures.stores import new_sqlite_url
 
 pytestmark = pytest.mark.envoy
 
@@ -70,7 +71,7 @@ def running_proxy(
     tmp_path: Path, upstream: FixtureUpstream
 ) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
     """``retrieval-gate proxy`` in front of ``upstream``: (process, listen port, Envoy's pid)."""
-    store = f"sqlite:///{tmp_path / 'gate.db'}"
+    store = new_sqlite_url(tmp_path / "gate.db")
     chunks = write_records(tmp_path / "chunks.jsonl", [record_dict("1"), record_dict("2")])
     assert run_cli("store", "load", "--store", store, str(chunks)).returncode == 0
     port = free_port()

@@ -17,6 +17,7 @@ import pytest
 from sidecar.cli.exit_codes import ExitCode
 from sidecar.runtime.ports import free_port
 from tests.fixtures.harness import CLI
+from tests.fixtures.stores import new_sqlite_url
 
 pytestmark = pytest.mark.envoy
 
@@ -28,7 +29,7 @@ def serve(tmp_path: Path, *args: str) -> tuple[int, list[str], str]:
             *CLI,
             "serve",
             "--store",
-            f"sqlite:///{tmp_path / 'gate.db'}",
+            new_sqlite_url(tmp_path / "gate.db"),
             "--grpc-listen",
             f"unix:{tmp_path / 'gate.sock'}",
             *args,
@@ -90,3 +91,34 @@ def test_version_names_the_installed_release() -> None:
     done = subprocess.run([*CLI, "--version"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0
     assert done.stdout.startswith("retrieval-gate ") and done.stdout.split()[1][0].isdigit()
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_sqlite_store_that_does_not_exist(tmp_path: Path, workers: str) -> None:
+    # A typo used to serve an empty store that rejected every chunk.
+    missing = tmp_path / "gaet.db"
+    url = f"sqlite:///{missing}"
+    result = serve(tmp_path, "--identity", "trusted-headers", "--store", url, "--workers", workers)
+    assert_one_line(
+        result,
+        f"error: SQLite metadata store {missing} does not exist; create it with: "
+        f"retrieval-gate store migrate --store {url}",
+    )
+    assert not missing.exists()
+
+
+def test_proxy_with_a_sqlite_store_that_does_not_exist(tmp_path: Path) -> None:
+    missing = tmp_path / "gaet.db"
+    done = subprocess.run(
+        [
+            *CLI,
+            *("proxy", "--identity", "trusted-headers", "--store", f"sqlite:///{missing}"),
+            *("--upstream", "http://127.0.0.1:1", "--listen", f"127.0.0.1:{free_port()}"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert_one_line((done.returncode, errors, done.stderr), f"{missing} does not exist")
+    assert not missing.exists()

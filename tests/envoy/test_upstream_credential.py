@@ -32,6 +32,7 @@ from tests.fixtures.chroma_server import TOKEN_HEADER, ChromaServer, start_chrom
 from tests.fixtures.harness import HttpResult, http, write_records
 from tests.fixtures.records import record_dict, text_for
 from tests.fixtures.servers import stop_process
+from tests.fixtures.stores import new_sqlite_url
 
 pytestmark = [pytest.mark.envoy, pytest.mark.chroma]
 
@@ -83,7 +84,7 @@ class Proxy:
         self.workdir = workdir
         self.port = free_port()
         self.metrics_port = free_port()
-        store = f"sqlite:///{workdir / 'gate.db'}"
+        store = new_sqlite_url(workdir / "gate.db")
         records = [record_dict("c-01"), record_dict("c-02", status="revoked")]
         records.append(record_dict("g-01", tenant_id="globex"))
         chunks = write_records(workdir / "chunks.jsonl", records)

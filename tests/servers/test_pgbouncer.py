@@ -26,8 +26,9 @@ from sidecar.config.groups import StoreSettings
 from sidecar.core.chunk_record import Status
 from sidecar.runtime.metadata_store import open_metadata_store
 from sidecar.store.cache import CachedStore
-from sidecar.store.listener import ChangeListener, change_listener
+from sidecar.store.listener import ChangeListener
 from sidecar.store.postgres import PostgresStore
+from sidecar.store.watch import change_watcher
 from tests.fixtures.pgbouncer import PgBouncer, running_pgbouncer
 from tests.fixtures.records import chunk_record as record
 
@@ -133,8 +134,8 @@ def test_listener_uses_the_listen_url_and_hears_changes(
     # Approved again on purpose: another test of this module may have revoked it.
     store.upsert([record("c-1")], reinstate=True)
     cache = CachedStore(store)
-    listener = change_listener(store, cache)
-    assert listener is not None and listener._url == store.listen_url
+    listener = change_watcher(store, cache)
+    assert isinstance(listener, ChangeListener) and listener._url == store.listen_url
     assert str(store.listen_url) == postgres_url
     assert asyncio.run(_invalidated_within(postgres_url, store, timeout_s=5))
 

@@ -20,15 +20,17 @@ from psycopg.conninfo import conninfo_to_dict
 from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.store import schema
 from sidecar.store.cache import CachedStore, NullCacheObserver
-from sidecar.store.listener import ChangeListener, change_listener
+from sidecar.store.change_poll import SqliteChangePoll
+from sidecar.store.listener import ChangeListener
 from sidecar.store.open import open_store
 from sidecar.store.postgres import PostgresStore, migrate
 from sidecar.store.schema import MigrationFailed
-from sidecar.store.sqlite import SqliteStore
 from sidecar.store.store import SchemaMismatch, StoreUnavailable
+from sidecar.store.watch import change_watcher
 from tests.fixtures.postgres import ADMIN_URL, fresh_database
 from tests.fixtures.records import EFFECTIVE
 from tests.fixtures.records import chunk_record as record
+from tests.fixtures.stores import new_sqlite_store
 
 pytestmark = pytest.mark.postgres
 
@@ -250,7 +252,7 @@ def test_signature_changes_flush_every_cache(
         [
             record("c-1", doc_id="sop", version="2"),
             record("c-2", doc_id="sop", version="2"),
-            record("c-3", doc_id="sop", version="1"),
+            record("c-3", doc_id="sop", version="1", status=Status.SUPERSEDED, superseded_by="c-1"),
         ]
     )
     sign = (
@@ -442,11 +444,11 @@ def test_listener_logs_never_show_the_password(caplog: pytest.LogCaptureFixture)
     assert PASSWORD not in caplog.text
 
 
-def test_change_listener_is_only_for_postgres(postgres_url: str, tmp_path: Any) -> None:
+def test_each_store_kind_has_its_change_watcher(postgres_url: str, tmp_path: Any) -> None:
     store = PostgresStore(postgres_url)
-    assert isinstance(change_listener(store, CachedStore(store)), ChangeListener)
-    sqlite = SqliteStore(tmp_path / "meta.db")
-    assert change_listener(sqlite, CachedStore(sqlite)) is None
+    assert isinstance(change_watcher(store, CachedStore(store)), ChangeListener)
+    sqlite = new_sqlite_store(tmp_path / "meta.db")
+    assert isinstance(change_watcher(sqlite, CachedStore(sqlite)), SqliteChangePoll)
     sqlite.close()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,12 +13,15 @@ import pytest
 
 from sidecar.cli.store import add_store_parsers
 from sidecar.core.integrity import canonical_fields, fields_sha256
+from sidecar.store.change_poll import APPLIED_WITHIN_SECONDS, POLL_SECONDS
+from sidecar.store.listener import HEARTBEAT_SECONDS
 from sidecar.store.loader import parse_record
 from sidecar.store.open import open_store
 from sidecar.store.postgres import migrate
 from tests.fixtures.harness import write_records
 from tests.fixtures.postgres import fresh_database
 from tests.fixtures.records import record_dict, text_for
+from tests.fixtures.stores import new_sqlite_url
 
 PASSWORD = "s3cret-Pw"
 
@@ -42,7 +46,7 @@ def pg_url() -> Iterator[str]:
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """The URL of an empty store."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'gate.db'}"
+        return new_sqlite_url(tmp_path / "gate.db")
     url: str = request.getfixturevalue("pg_url")
     with psycopg.connect(url, autocommit=True) as connection:
         connection.execute("TRUNCATE chunks, electronic_signatures")
@@ -62,6 +66,21 @@ def loaded(store: str, tmp_path: Path) -> str:
     return store
 
 
+def bound(store: str) -> str:
+    """What a command that changed records says about when running gates apply it."""
+    if store.startswith("sqlite:"):
+        # The SQLite change poll's interval (sidecar.store.change_poll), not a fixed text.
+        return (
+            f"running gates apply the change within {APPLIED_WITHIN_SECONDS:g} s (each checks "
+            f"the SQLite file for changes every {POLL_SECONDS:g} s)"
+        )
+    return (
+        "running gates apply the change at once (PostgreSQL notification); a gate whose "
+        f"LISTEN connection broke unnoticed, within {2 * HEARTBEAT_SECONDS:g} s (listener "
+        f"heartbeat every {HEARTBEAT_SECONDS:g} s)"
+    )
+
+
 def shown(store: str, chunk_id: str, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
     capsys.readouterr()
     assert run("show", "--store", store, chunk_id) == 0
@@ -72,7 +91,7 @@ def shown(store: str, chunk_id: str, capsys: pytest.CaptureFixture[str]) -> dict
 def test_load(store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     chunks = write_records(tmp_path / "chunks.jsonl", [record_dict("a"), record_dict("b")])
     assert run("load", "--store", store, str(chunks)) == 0
-    assert capsys.readouterr().out == f"loaded 2 records from {chunks}\n"
+    assert capsys.readouterr().out == f"loaded 2 records from {chunks}; {bound(store)}\n"
     assert shown(store, "b", capsys)["status"] == "approved"
 
 
@@ -132,7 +151,7 @@ def test_revoke_and_quarantine(
     loaded: str, command: str, status: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert run(command, "--store", loaded, "old") == 0
-    assert capsys.readouterr().out == f'chunk "old" is now {status}\n'
+    assert capsys.readouterr().out == f'chunk "old" is now {status}; {bound(loaded)}\n'
     # Exactly that chunk changed: every other one keeps its status.
     statuses = {c: shown(loaded, c, capsys)["status"] for c in ("old", "new", "gone", "other")}
     assert statuses == {"old": status, "new": "approved", "gone": "revoked", "other": "approved"}
@@ -142,7 +161,9 @@ def test_revoke_and_quarantine(
 
 def test_supersede(loaded: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert run("supersede", "--store", loaded, "old", "--by", "new") == 0
-    assert capsys.readouterr().out == 'chunk "old" is now superseded, superseded by "new"\n'
+    assert capsys.readouterr().out == (
+        f'chunk "old" is now superseded, superseded by "new"; {bound(loaded)}\n'
+    )
     record = shown(loaded, "old", capsys)
     assert (record["status"], record["superseded_by"]) == ("superseded", "new")
 
@@ -164,9 +185,32 @@ def test_refused_supersede_changes_nothing(
     assert shown(loaded, "old", capsys)["status"] == "approved"
 
 
-def test_migrate_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run("migrate", "--store", f"sqlite:///{tmp_path / 'gate.db'}") == 0
+def test_only_migrate_creates_a_sqlite_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "gate.db"
+    url = f"sqlite:///{path}"
+    chunks = str(write_records(tmp_path / "c.jsonl", [record_dict("a")]))
+    for argv in (
+        ("load", "--store", url, chunks),
+        ("load", "--store", url, chunks, "--dry-run"),
+        ("show", "--store", url, "a"),
+        ("revoke", "--store", url, "a"),
+        ("reinstate", "--store", url, "a"),
+    ):
+        assert run(*argv) == 2, argv
+        assert capsys.readouterr().err == (
+            f"error: SQLite metadata store {path} does not exist; create it with: "
+            f"retrieval-gate store migrate --store {url}\n"
+        )
+        assert not path.exists()
+    assert run("migrate", "--store", url) == 0
+    assert (
+        capsys.readouterr().out == f"created SQLite store {path}\nSQLite schema is at version 3\n"
+    )
+    assert run("migrate", "--store", url) == 0
     assert capsys.readouterr().out == "SQLite schema is at version 3\n"
+    assert run("load", "--store", url, chunks) == 0
 
 
 @pytest.mark.postgres
@@ -243,4 +287,88 @@ def test_loading_again_never_reinstates_a_revoked_chunk(
     assert run("revoke", "--store", loaded, "gone") == 0
     capsys.readouterr()
     assert run("reinstate", "--store", loaded, "gone") == 0
-    assert capsys.readouterr().out == 'chunk "gone" is now approved\n'
+    assert capsys.readouterr().out == f'chunk "gone" is now approved; {bound(loaded)}\n'
+
+
+def rows(store: str) -> list[tuple[object, ...]]:
+    """Every stored record, every column, straight from the database."""
+    query = "SELECT * FROM chunks ORDER BY chunk_id"
+    if store.startswith("sqlite:///"):
+        with sqlite3.connect(store.removeprefix("sqlite:///")) as file:
+            found = file.execute(query).fetchall()
+        file.close()
+        return found
+    with psycopg.connect(store) as database:
+        return database.execute(query).fetchall()
+
+
+def test_a_version_valid_at_the_same_time_as_a_stored_one_is_refused(
+    loaded: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # "new" is version 2 of doc-new, approved from 2025-01-01 with no end.
+    v3 = record_dict("new-v3", doc_id="doc-new", version="3", effective_at="2026-01-01T00:00:00Z")
+    capsys.readouterr()
+    assert run("load", "--store", loaded, str(write_records(tmp_path / "v3.jsonl", [v3]))) == 1
+    assert capsys.readouterr().err == (
+        'error: nothing loaded: chunk "new-v3", field "effective_at": approved version "3" of '
+        'document "doc-new" is valid at the same time as approved version "2" in the store '
+        '(chunk "new") for an overlapping audience; that version must expire at or before this '
+        "effective_at (give it an expires_at, or supersede or revoke it), or narrow the audience\n"
+    )
+    assert run("show", "--store", loaded, "new-v3") == 1
+    # Version 2 ends where version 3 begins: loaded together, or version 2 first.
+    ends = record_dict("new", version="2", expires_at="2026-01-01T00:00:00Z")
+    both = write_records(tmp_path / "both.jsonl", [ends, v3])
+    assert run("load", "--store", loaded, str(both)) == 0
+
+
+def test_dry_run_prints_what_would_change_and_writes_nothing(
+    loaded: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = rows(loaded)
+    moved = "https://docs.example/moved"
+    records = [
+        record_dict("fresh"),
+        record_dict("old", text=text_for("old")),  # as stored
+        record_dict("other", tenant_id="globex", status="quarantined"),
+        record_dict("new", version="2", source_uri=moved, text=text_for("new")),
+    ]
+    chunks = write_records(tmp_path / "c.jsonl", records)
+    capsys.readouterr()
+    assert run("load", "--store", loaded, str(chunks), "--dry-run") == 0
+    out, err = capsys.readouterr()
+    assert out == (
+        'add     "fresh"\n'
+        'change  "other": status\n'
+        'change  "new": source_uri, text\n'
+        "dry run, nothing written: 1 to add, 2 to change, 1 unchanged, 0 refused\n"
+    )
+    assert err == ""
+    assert rows(loaded) == before
+
+    refused = [
+        *records[:3],
+        record_dict("gone"),  # revoked in the store
+        record_dict("new-v3", doc_id="doc-new", version="3"),  # while version 2 is approved
+    ]
+    chunks = write_records(tmp_path / "refused.jsonl", refused)
+    assert run("load", "--store", loaded, str(chunks), "--dry-run") == 1
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[:4] == [
+        'add     "fresh"',
+        'add     "new-v3"',
+        'change  "other": status',
+        'change  "gone": status',
+    ]
+    assert lines[4].startswith('refuse  chunk "gone", field "status": is revoked in the store ')
+    assert lines[5].startswith('refuse  chunk "new-v3", field "effective_at": approved version ')
+    assert lines[6:] == ["dry run, nothing written: 2 to add, 2 to change, 1 unchanged, 2 refused"]
+    assert err == "error: the load would be refused (2 records above)\n"
+    for chunk_id in ("old", "new"):
+        assert text_for(chunk_id) not in out + err  # ids and field names, never text
+    assert rows(loaded) == before
+    # The load itself ends as its dry run said.
+    assert run("load", "--store", loaded, str(chunks)) == 1
+    assert capsys.readouterr().err.startswith('error: nothing loaded: chunk "gone", field "status"')
+    assert rows(loaded) == before

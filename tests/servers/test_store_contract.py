@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import Callable, Collection, Coroutine, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -24,10 +26,17 @@ import pytest
 
 from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.store.postgres import PostgresStore
-from sidecar.store.sqlite import SqliteStore
-from sidecar.store.store import ChunkNotFound, LifecycleError, MetadataStore, StoreUnavailable
+from sidecar.store.store import (
+    ChunkNotFound,
+    LifecycleError,
+    MetadataStore,
+    StoreUnavailable,
+    VersionOverlap,
+)
 from tests.fixtures.pgbouncer import PgBouncer, running_pgbouncer
+from tests.fixtures.records import EFFECTIVE
 from tests.fixtures.records import chunk_record as record
+from tests.fixtures.stores import new_sqlite_store
 
 
 @dataclass
@@ -52,13 +61,17 @@ class Backend:
         )
 
 
+# When a second version takes over in tests of several versions of one document.
+LATER = EFFECTIVE + timedelta(days=365)
+
+
 def _signed_at(backend: str) -> object:
     moment = datetime(2025, 2, 1, 12, 0, tzinfo=UTC)
     return moment if backend != "sqlite" else "2025-02-01T12:00:00.000000Z"
 
 
 def _sqlite_backend(path: Path, runner: asyncio.Runner) -> Iterator[Backend]:
-    store = SqliteStore(path)
+    store = new_sqlite_store(path)
 
     def sql(statement: str, params: tuple[object, ...]) -> None:
         with sqlite3.connect(path) as connection:
@@ -243,7 +256,7 @@ def test_a_load_never_puts_a_withdrawn_record_back_in_service(
     backend: Backend, withdrawn: Status, served: Status
 ) -> None:
     successor = "c-9" if withdrawn is Status.SUPERSEDED else None
-    backend.store.upsert([record("c-9", version="2")])
+    backend.store.upsert([record("c-9", doc_id="doc-9")])
     backend.store.upsert([record("c-1", status=withdrawn, superseded_by=successor)])
     with pytest.raises(LifecycleError) as caught:
         backend.store.upsert([record("c-2"), record("c-1", status=served)])
@@ -316,6 +329,134 @@ def test_closed_store_is_unavailable(backend: Backend) -> None:
         backend.store.get("c-1")
 
 
+# --- approved versions of one document, against the store ---------------------------------
+
+
+def test_a_version_valid_at_the_same_time_as_a_stored_one_is_refused(backend: Backend) -> None:
+    backend.store.upsert([record("v1-a"), record("v1-b")])  # version 1 of "doc", from EFFECTIVE
+    later = [record("v2-a", version="2", effective_at=LATER), record("v2-b", version="2")]
+    with pytest.raises(VersionOverlap) as caught:
+        backend.store.upsert([record("elsewhere", doc_id="other"), *later])
+    assert str(caught.value) == (
+        'chunk "v2-a", field "effective_at": approved version "2" of document "doc" is valid '
+        'at the same time as approved version "1" in the store (chunk "v1-a") for an '
+        "overlapping audience; that version must expire at or before this effective_at (give "
+        "it an expires_at, or supersede or revoke it), or narrow the audience (and 1 more record)"
+    )
+    assert backend.fetch(["elsewhere", "v2-a", "v2-b"]) == {}  # nothing of the batch
+    earlier = record("v0", version="0", effective_at=EFFECTIVE - timedelta(days=30))
+    with pytest.raises(VersionOverlap) as caught:
+        backend.store.upsert([earlier])
+    assert str(caught.value).startswith(
+        'chunk "v0", field "expires_at": approved version "0" of document "doc" is valid at '
+        'the same time as approved version "1" in the store (chunk "v1-a") for an overlapping '
+        "audience; set expires_at to at most 2025-01-01T00:00:00Z, when that version takes effect"
+    )
+    backend.store.upsert([replace(earlier, expires_at=EFFECTIVE)])  # as the message says
+
+
+def test_versions_that_do_not_overlap_are_loaded(backend: Backend) -> None:
+    backend.store.upsert([record("v1", expires_at=LATER)])
+    backend.store.upsert(
+        [
+            record("v1-more", expires_at=LATER),  # the same version: its chunks never overlap
+            record("v2", version="2", effective_at=LATER),  # from the instant v1 expires
+            record("v3", version="3", allowed_principals=("group:qa",)),  # another audience
+            record("v4", version="4", status=Status.DRAFT),  # not approved
+            record("v5", version="5", tenant_id="globex"),  # another tenant's document
+        ]
+    )
+    # Chunks loaded again replace their stored version rather than overlap it.
+    again = [record(chunk_id, version="1.1", expires_at=LATER) for chunk_id in ("v1", "v1-more")]
+    backend.store.upsert(again)
+    assert backend.fetch(["v1", "v1-more"]) == {r.chunk_id: r for r in again}
+
+
+def test_only_approved_versions_count_and_approving_is_checked_too(backend: Backend) -> None:
+    backend.store.upsert([record("v1")])
+    backend.store.set_status("v1", Status.REVOKED)
+    backend.store.upsert([record("v2", version="2")])  # v1 is out of service
+    with pytest.raises(VersionOverlap) as caught:
+        backend.store.set_status("v1", Status.APPROVED)  # `store reinstate`
+    assert str(caught.value) == (
+        'chunk "v1", field "status": approving it would make version "1" of document "doc" '
+        'valid at the same time as approved version "2" (chunk "v2") for an overlapping '
+        "audience; supersede or revoke that chunk first"
+    )
+    with pytest.raises(VersionOverlap):
+        backend.store.upsert([record("v1")], reinstate=True)  # on purpose, but still two at once
+    assert backend.fetch(["v1"])["v1"].status is Status.REVOKED
+    backend.store.set_status("v2", Status.QUARANTINED)
+    assert backend.store.set_status("v1", Status.APPROVED).status is Status.APPROVED
+
+
+def test_concurrent_loads_of_overlapping_versions_never_both_succeed(backend: Backend) -> None:
+    # PostgreSQL: each load in a transaction of its own, at the same moment; neither
+    # sees the other's rows before it commits unless loads are serialised.
+    for attempt in range(8):
+        doc = f"doc-{attempt}"
+        start = threading.Barrier(2)
+
+        def load(version: str, doc: str = doc, start: threading.Barrier = start) -> bool:
+            start.wait()
+            try:
+                backend.store.upsert([record(f"{doc}-v{version}", doc_id=doc, version=version)])
+            except VersionOverlap:
+                return False
+            return True
+
+        with ThreadPoolExecutor(2) as pool:
+            loaded = list(pool.map(load, ["1", "2"]))
+        assert sorted(loaded) == [False, True], f"attempt {attempt}: {loaded}"
+
+
+# --- what a load would do ------------------------------------------------------------------
+
+
+def test_preview_says_what_a_load_would_do_and_writes_nothing(backend: Backend) -> None:
+    stored = [
+        record("same"),
+        record("changed", text="old text"),
+        record("gone", status=Status.REVOKED),
+        record("v1", doc_id="manual"),
+    ]
+    backend.store.upsert(stored)
+    ids = ["same", "changed", "gone", "v1", "new", "v2"]
+    before = [backend.store.get(chunk_id) for chunk_id in ids]
+    batch = [
+        record("new"),
+        record("same"),
+        record("changed", status=Status.QUARANTINED, text="new text"),
+        record("gone"),
+        record("v2", doc_id="manual", version="2"),
+    ]
+    preview = backend.store.preview(batch)
+    assert preview.added == ("new", "v2")
+    assert preview.changed == (("changed", ("status", "text")), ("gone", ("status",)))
+    assert preview.unchanged == 1
+    assert [str(problem) for problem in preview.refused] == [
+        'chunk "gone", field "status": is revoked in the store and the file would make it '
+        "approved; reinstate on purpose with `store load --reinstate` or `store reinstate`",
+        'chunk "v2", field "effective_at": approved version "2" of document "manual" is valid '
+        'at the same time as approved version "1" in the store (chunk "v1") for an overlapping '
+        "audience; that version must expire at or before this effective_at (give it an "
+        "expires_at, or supersede or revoke it), or narrow the audience",
+    ]
+    reinstating = backend.store.preview(batch, reinstate=True)
+    assert [problem.chunk_id for problem in reinstating.refused] == ["v2"]
+    assert [backend.store.get(chunk_id) for chunk_id in ids] == before
+
+
+def test_preview_of_more_ids_than_one_query_takes(backend: Backend) -> None:
+    backend.store.upsert([record(f"c-{n}") for n in range(1500)])
+    batch = [
+        record(f"c-{n}", status=Status.REVOKED if n < 10 else Status.APPROVED) for n in range(2000)
+    ]
+    preview = backend.store.preview(batch)
+    assert len(preview.added) == 500 and len(preview.changed) == 10
+    assert preview.unchanged == 1490 and preview.refused == ()
+
+
 # --- get and status changes ----------------------------------------------------------------
 
 
@@ -349,11 +490,12 @@ def test_set_status_of_an_unknown_chunk(backend: Backend) -> None:
 
 
 def test_supersede(backend: Backend) -> None:
-    backend.store.upsert([record("old"), record("new", version="2")])
+    old, new = record("old", expires_at=LATER), record("new", version="2", effective_at=LATER)
+    backend.store.upsert([old, new])
     changed = backend.store.set_status("old", Status.SUPERSEDED, superseded_by="new")
-    assert changed == record("old", status=Status.SUPERSEDED, superseded_by="new")
+    assert changed == replace(old, status=Status.SUPERSEDED, superseded_by="new")
     assert backend.store.get("old") == changed
-    assert backend.store.get("new") == record("new", version="2")
+    assert backend.store.get("new") == new
 
 
 @pytest.mark.parametrize(
@@ -394,7 +536,14 @@ def test_signature_valid_needs_a_valid_signature_for_the_same_version(backend: B
         [
             record("c-1", doc_id="sop-7", version="2", requires_signature=True),
             record("c-2", doc_id="sop-7", version="2", requires_signature=True),
-            record("c-3", doc_id="sop-7", version="1", requires_signature=True),
+            record(
+                "c-3",
+                doc_id="sop-7",
+                version="1",
+                requires_signature=True,
+                status=Status.SUPERSEDED,
+                superseded_by="c-1",
+            ),
             record("c-4", doc_id="sop-8", version="2", requires_signature=True),
         ]
     )

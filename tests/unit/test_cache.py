@@ -10,8 +10,9 @@ import pytest
 
 from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.store.cache import CachedStore, Lookup
+from sidecar.store.preview import preview_load
 from sidecar.store.sqlite import SqliteStore
-from sidecar.store.store import StoreUnavailable
+from sidecar.store.store import LoadPreview, StoreUnavailable
 from tests.fixtures.records import chunk_record as record
 
 TTL = 30.0
@@ -46,6 +47,10 @@ class FakeStore:
         self.records.update((r.chunk_id, r) for r in batch)
         return len(batch)
 
+    def preview(self, records: Iterable[ChunkRecord], *, reinstate: bool = False) -> LoadPreview:
+        approved = [r for r in self.records.values() if r.status is Status.APPROVED]
+        return preview_load(records, stored=self.records, approved=approved, reinstate=reinstate)
+
     def get(self, chunk_id: str) -> ChunkRecord | None:
         return self.records.get(chunk_id)
 
@@ -73,6 +78,7 @@ class CountingObserver:
         self.invalidations = 0
         self.clears = 0
         self.stale = 0
+        self.watched: list[bool] = []
 
     def hit(self, n: int) -> None:
         self.hits += n
@@ -94,6 +100,9 @@ class CountingObserver:
 
     def cleared(self) -> None:
         self.clears += 1
+
+    def watching(self, seen: bool) -> None:
+        self.watched.append(seen)
 
     def stale_served(self, n: int) -> None:
         self.stale += n
@@ -440,14 +449,18 @@ def test_store_latency_is_reported_per_store_call(
     assert all(0 <= seconds < 1 for seconds in observer.latencies)
 
 
-def test_suspended_cache_serves_but_keeps_nothing_until_resumed() -> None:
+def test_suspended_cache_serves_but_keeps_nothing_until_resumed(
+    observer: CountingObserver,
+) -> None:
     inner = FakeStore(record("c-1"))
-    cache = CachedStore(inner, ttl=TTL, negative_ttl=NEGATIVE_TTL)
+    cache = CachedStore(inner, ttl=TTL, negative_ttl=NEGATIVE_TTL, observer=observer)
     cache.suspend()  # e.g. the change listener is down: changes go unannounced
+    assert observer.watched == [False]  # the gauge retrieval_gate_store_changes_watched
     assert "c-1" in asyncio.run(cache.fetch(["c-1"]))
     asyncio.run(cache.fetch(["c-1", "nope"]))
     assert len(inner.lookups) == 2  # nothing was kept, found or absent
     cache.resume()
+    assert observer.watched == [False, True]
     asyncio.run(cache.fetch(["c-1"]))
     asyncio.run(cache.fetch(["c-1"]))
     assert len(inner.lookups) == 3  # cached again after resume

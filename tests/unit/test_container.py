@@ -32,6 +32,7 @@ from sidecar.runtime.ports import free_port
 from tests.fixtures.container_lock import BUILD_LOCK, LOCK, RUNTIME_LOCK
 from tests.fixtures.harness import CLI
 from tests.fixtures.servers import server_missing
+from tests.fixtures.stores import new_sqlite_url
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -314,7 +315,7 @@ def sidecar_address(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
         f"127.0.0.1:{free_port()}" if request.param == "tcp" else f"unix:{tmp_path / 'gate.sock'}"
     )
     command = [*CLI, "serve", "--identity", "trusted-headers"]
-    command += ["--store", f"sqlite:///{tmp_path / 'g.db'}", "--grpc-listen", address]
+    command += ["--store", new_sqlite_url(tmp_path / "g.db"), "--grpc-listen", address]
     with (tmp_path / "serve.log").open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -33,9 +33,9 @@ from sidecar.metrics import GateMetrics
 from sidecar.rego.regorus_engine import RegorusEngine
 from sidecar.store.cache import CachedStore
 from sidecar.store.loader import parse_record
-from sidecar.store.sqlite import SqliteStore
 from tests.fixtures.records import record_dict, text_for
 from tests.fixtures.settings import settings_of
+from tests.fixtures.stores import new_sqlite_store
 
 SEARCH = Route("POST", "/collections/docs/points/search")
 ALICE = Caller("acme", frozenset({"user:alice", "group:qa"}))
@@ -47,7 +47,7 @@ POLICY = RegorusEngine.from_directory(default_policy_dir())
 class Core:
     def __init__(self, tmp_path: Path) -> None:
         self.now = NOW
-        self.inner = SqliteStore(tmp_path / "gate.db")
+        self.inner = new_sqlite_store(tmp_path / "gate.db")
         self.metrics = GateMetrics()
         self.store = CachedStore(self.inner, ttl=3600.0, observer=self.metrics)
         self.gate = DecisionCore(POLICY)

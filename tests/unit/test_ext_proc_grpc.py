@@ -35,6 +35,7 @@ from tests.fixtures.ext_proc_stream import (
 )
 from tests.fixtures.records import text_for
 from tests.fixtures.settings import settings_of, with_values
+from tests.fixtures.stores import new_sqlite_url
 
 __all__ = ["sidecar"]  # the fixture
 
@@ -200,7 +201,7 @@ def test_a_grpc_write_is_refused_when_its_body_names_a_collection_of_another_ten
     )
     settings = with_values(
         settings_of(identity=IdentityMode.TRUSTED_HEADERS),
-        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        store=new_sqlite_url(tmp_path / "gate.db"),
         policy_data=data,
     )
     built = Sidecar.from_settings(settings)

@@ -46,6 +46,7 @@ from tests.fixtures.ext_proc_stream import (
 )
 from tests.fixtures.records import record_dict, text_for
 from tests.fixtures.settings import settings_of, with_values
+from tests.fixtures.stores import new_sqlite_url
 
 __all__ = ["sidecar"]  # the fixture
 
@@ -238,7 +239,7 @@ def routed_sidecar(tmp_path: Path, **routes: RouteOptions) -> Sidecar:
     """A sidecar whose ``routes`` are keyed by collection name."""
     settings = with_values(
         settings_of(identity=IdentityMode.TRUSTED_HEADERS),
-        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        store=new_sqlite_url(tmp_path / "gate.db"),
         audit_log=tmp_path / "audit.jsonl",
         routes={f"/collections/{name}": options for name, options in routes.items()},
     )
@@ -272,7 +273,7 @@ def test_audit_mode_passes_an_upstream_error_unchanged_and_records_it(tmp_path: 
 def test_an_upstream_error_that_cannot_be_recorded_is_500(tmp_path: Path) -> None:
     settings = with_values(
         settings_of(identity=IdentityMode.TRUSTED_HEADERS),
-        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        store=new_sqlite_url(tmp_path / "gate.db"),
         audit_log=Path("/dev/full"),
     )
     answers = run_stream(
@@ -386,7 +387,7 @@ def test_corrupt_compressed_body_is_502(sidecar: Sidecar) -> None:
 def test_compressed_body_over_the_limit_once_decoded_is_502(tmp_path: Path) -> None:
     settings = with_values(
         settings_of(identity=IdentityMode.TRUSTED_HEADERS),
-        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        store=new_sqlite_url(tmp_path / "gate.db"),
         max_body_bytes=len(BODY) - 1,
     )
     answers = run_stream(
@@ -421,7 +422,7 @@ def test_unexpected_failure_answers_500(sidecar: Sidecar, monkeypatch: pytest.Mo
 def pushing_sidecar(tmp_path: Path) -> Sidecar:
     settings = with_values(
         settings_of(identity=IdentityMode.TRUSTED_HEADERS),
-        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        store=new_sqlite_url(tmp_path / "gate.db"),
         tenant_key="tenant_id",
         overfetch_factor=2.0,
     )
@@ -509,7 +510,7 @@ def test_a_large_body_is_parsed_off_the_event_loop_while_small_ones_complete(
     """
     settings = with_values(
         settings_of(identity=IdentityMode.TRUSTED_HEADERS),
-        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        store=new_sqlite_url(tmp_path / "gate.db"),
         audit_log=tmp_path / "audit.jsonl",
         max_hits=100_000,
         max_body_bytes=32 * 1024 * 1024,
@@ -596,7 +597,7 @@ def test_a_collection_the_body_names_passes_the_ownership_check(tmp_path: Path) 
     data.write_text('{"retrieval_gate": {"collections": {"finance": {"tenants": ["globex"]}}}}')
     settings = with_values(
         settings_of(identity=IdentityMode.TRUSTED_HEADERS),
-        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        store=new_sqlite_url(tmp_path / "gate.db"),
         policy_data=data,
     )
     built = Sidecar.from_settings(settings)
@@ -612,7 +613,7 @@ def test_a_collection_the_body_names_passes_the_ownership_check(tmp_path: Path) 
 def test_a_tenant_key_the_format_cannot_use_is_a_configuration_error(tmp_path: Path) -> None:
     settings = with_values(
         settings_of(identity=IdentityMode.TRUSTED_HEADERS),
-        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        store=new_sqlite_url(tmp_path / "gate.db"),
         tenant_key="not a field",
     )
     built = Sidecar.from_settings(settings)

@@ -26,10 +26,10 @@ from sidecar.metrics import (
 from sidecar.rego.regorus_engine import RegorusEngine
 from sidecar.store.cache import CachedStore
 from sidecar.store.loader import parse_record
-from sidecar.store.sqlite import SqliteStore
 from tests.fixtures import milvus_bodies as mb
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.records import record_dict, text_for
+from tests.fixtures.stores import new_sqlite_store
 
 
 def sample(metrics: GateMetrics, name: str, **labels: str) -> float | None:
@@ -199,7 +199,7 @@ RECORDS = [
 @pytest.fixture
 def counted(tmp_path: Path) -> tuple[ResponseFilter, GateMetrics]:
     metrics = GateMetrics(collections=["sops"])
-    store = CachedStore(SqliteStore(tmp_path / "gate.db"), ttl=3600.0, observer=metrics)
+    store = CachedStore(new_sqlite_store(tmp_path / "gate.db"), ttl=3600.0, observer=metrics)
     store.upsert([parse_record(r) for r in RECORDS])
     response_filter = ResponseFilter(
         formats=format_table(Settings()),

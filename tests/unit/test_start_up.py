@@ -33,6 +33,7 @@ from sidecar.wire import ext_authz_pb2 as authz
 from sidecar.wire import ext_proc_pb2 as ext_proc
 from tests.fixtures.ext_proc_stream import SEARCH, request_headers
 from tests.fixtures.settings import settings_of, with_values
+from tests.fixtures.stores import new_sqlite_url
 
 REFUSED = 'connection failed: connection to server at "127.0.0.1", port 5999 failed: ' + (
     "Connection refused\n\tIs the server running on that host and accepting TCP/IP connections?"
@@ -132,7 +133,7 @@ async def _messages(*messages: ext_proc.ProcessingRequest) -> AsyncIterator[Any]
 def _sidecar(tmp_path: Path) -> Sidecar:
     settings = with_values(
         settings_of(identity=IdentityMode.TRUSTED_HEADERS),
-        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        store=new_sqlite_url(tmp_path / "gate.db"),
     )
     return Sidecar.from_settings(settings)
 

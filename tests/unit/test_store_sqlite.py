@@ -15,9 +15,10 @@ import pytest
 from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.store.loader import RecordsInvalid, load_jsonl
 from sidecar.store.open import open_store
-from sidecar.store.sqlite import SCHEMA_VERSION, SqliteStore
-from sidecar.store.store import MetadataStore, StoreUnavailable
+from sidecar.store.sqlite import SCHEMA_VERSION, SqliteStore, migrate
+from sidecar.store.store import MetadataStore, SchemaMismatch, StoreNotCreated, StoreUnavailable
 from tests.fixtures.records import chunk_record as record
+from tests.fixtures.stores import new_sqlite_store
 
 CHUNKS_JSONL = """\
 {"chunk_id": "c-1", "doc_id": "refunds", "version": "3", "tenant_id": "acme", "allowed_principals": ["group:support", "user:ann"], "status": "approved", "effective_at": "2025-01-01T09:00:00+09:00", "expires_at": null, "sha256": "03b2b5e9cd5bab6f5e4a3d0e2f0ca5c52fb6fa43b2e7dd0fea2b4e2d1c9b4a5d", "source_uri": "https://docs.example/refunds", "requires_signature": true}
@@ -130,7 +131,7 @@ def test_invalid_file_loads_nothing(tmp_path: Path, sqlite_store: SqliteStore) -
 
 
 def test_data_survives_reopening(sqlite_path: Path) -> None:
-    first = SqliteStore(sqlite_path)
+    first = new_sqlite_store(sqlite_path)
     first.upsert([record("c-1")])
     first.close()
     second = SqliteStore(sqlite_path)
@@ -219,7 +220,7 @@ def test_payload_sha256_column_is_the_same_in_new_and_upgraded_files(
 ) -> None:
     old_file(sqlite_path, 2)
     SqliteStore(sqlite_path).close()
-    SqliteStore(tmp_path / "new.db").close()
+    migrate(tmp_path / "new.db")
 
     def columns(path: Path) -> list[tuple[object, ...]]:
         with sqlite3.connect(path) as raw:
@@ -232,11 +233,13 @@ def test_payload_sha256_column_is_the_same_in_new_and_upgraded_files(
 
 
 def test_unknown_schema_version_is_refused(sqlite_path: Path) -> None:
-    SqliteStore(sqlite_path).close()
+    migrate(sqlite_path)
     with sqlite3.connect(sqlite_path) as raw:
         raw.execute("UPDATE schema_version SET version = 99")
-    with pytest.raises(StoreUnavailable, match="schema version 99"):
+    with pytest.raises(SchemaMismatch, match="schema version 99"):
         SqliteStore(sqlite_path)
+    with pytest.raises(SchemaMismatch, match="schema version 99"):
+        migrate(sqlite_path)
 
 
 def test_unopenable_file_is_store_unavailable(tmp_path: Path) -> None:
@@ -244,8 +247,8 @@ def test_unopenable_file_is_store_unavailable(tmp_path: Path) -> None:
     not_a_db.write_text("this is not a database, just some text " * 100)
     with pytest.raises(StoreUnavailable, match="cannot open"):
         SqliteStore(not_a_db)
-    with pytest.raises(StoreUnavailable, match="cannot open"):
-        SqliteStore(tmp_path / "missing-dir" / "meta.db")
+    with pytest.raises(StoreUnavailable, match=r"cannot create .* directory .*missing-dir does"):
+        migrate(tmp_path / "missing-dir" / "meta.db")
 
 
 def test_sqlite_errors_during_fetch_are_store_unavailable(
@@ -260,7 +263,7 @@ def test_sqlite_errors_during_fetch_are_store_unavailable(
 
 
 def test_fetch_after_close_is_store_unavailable(sqlite_path: Path) -> None:
-    store = SqliteStore(sqlite_path)
+    store = new_sqlite_store(sqlite_path)
     store.close()
     with pytest.raises(StoreUnavailable):
         run(store, ["c-1"])
@@ -315,6 +318,7 @@ def test_upsert_from_another_thread_is_seen_by_fetch(sqlite_store: SqliteStore) 
 
 def test_open_store_relative_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    migrate("relative.db")
     store = open_store("sqlite:///relative.db")
     try:
         store.upsert([record("c-1")])
@@ -326,6 +330,7 @@ def test_open_store_relative_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def test_open_store_absolute_path(tmp_path: Path) -> None:
     path = tmp_path / "absolute.db"
     assert str(path).startswith("/")
+    migrate(path)
     store = open_store(f"sqlite:///{path}")  # three slashes + "/tmp/...": four in all
     try:
         assert isinstance(store, SqliteStore)
@@ -350,3 +355,64 @@ def test_open_store_rejects(url: str, message: str) -> None:
     with pytest.raises(ValueError, match=message) as caught:
         open_store(url)
     assert "s3cret" not in str(caught.value)
+
+
+# --- only `store migrate` creates a store --------------------------------------------------
+
+
+def test_a_path_that_does_not_exist_is_refused_not_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StoreNotCreated) as caught:
+        open_store("sqlite:///gaet.db")
+    assert str(caught.value) == (
+        f"SQLite metadata store gaet.db ({tmp_path / 'gaet.db'}) does not exist; "
+        "create it with: retrieval-gate store migrate --store sqlite:///gaet.db"
+    )
+    missing = tmp_path / "my stores" / "gate.db"
+    with pytest.raises(StoreNotCreated) as caught:
+        SqliteStore(missing)
+    # Absolute: four slashes; quoted for the shell where the path needs it.
+    assert str(caught.value) == (
+        f"SQLite metadata store {missing} does not exist; "
+        f"create it with: retrieval-gate store migrate --store 'sqlite:///{missing}'"
+    )
+    assert not (tmp_path / "gaet.db").exists() and not missing.parent.exists()
+
+
+def test_a_file_without_the_schema_is_refused_and_left_alone(sqlite_path: Path) -> None:
+    with sqlite3.connect(sqlite_path) as raw:
+        raw.execute("CREATE TABLE notes (body TEXT)")
+    raw.close()
+    with pytest.raises(SchemaMismatch, match="has no retrieval-gate schema; create it with: "):
+        SqliteStore(sqlite_path)
+    with sqlite3.connect(sqlite_path) as raw:
+        tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master")}
+        assert tables == {"notes"}
+        assert raw.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    raw.close()
+
+
+def test_migrate_creates_then_reports_and_upgrades(tmp_path: Path, sqlite_path: Path) -> None:
+    assert migrate(sqlite_path) is None  # created
+    assert migrate(sqlite_path) == SCHEMA_VERSION  # already there: nothing to do
+    old = tmp_path / "old.db"
+    old_file(old, 2)
+    assert migrate(old) == 2
+    assert migrate(old) == SCHEMA_VERSION
+
+
+def test_opening_a_store_writes_nothing_running_gates_would_see(sqlite_path: Path) -> None:
+    migrate(sqlite_path)
+    watcher = new_sqlite_store(sqlite_path)
+    try:
+        before = watcher.data_version()
+        SqliteStore(sqlite_path).close()  # e.g. `store show` in another process
+        assert watcher.data_version() == before
+        writer = SqliteStore(sqlite_path)
+        writer.upsert([record("c-1")])
+        writer.close()
+        assert watcher.data_version() != before
+    finally:
+        watcher.close()

@@ -63,7 +63,7 @@ from sidecar.runtime.tracing import (
 from sidecar.store.cache import CachedStore
 from sidecar.store.loader import parse_record
 from sidecar.store.postgres import endpoint
-from sidecar.store.sqlite import SqliteStore
+from sidecar.store.sqlite import SqliteStore, migrate
 from sidecar.store.store import StoreEndpoint, StoreUnavailable
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.ext_proc_stream import (
@@ -74,6 +74,7 @@ from tests.fixtures.ext_proc_stream import (
 )
 from tests.fixtures.records import record_dict, text_for
 from tests.fixtures.settings import settings_of, with_values
+from tests.fixtures.stores import new_sqlite_url
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "tracing.md"
 SEARCH = Route("POST", "/collections/docs/points/search")
@@ -146,6 +147,7 @@ class Traced:
         # The SDK's default sampler, spelled out: the environment must not change it here.
         provider = TracerProvider(sampler=ParentBased(ALWAYS_ON))
         provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        migrate(tmp_path / "gate.db")
         self.inner = OutageStore(tmp_path / "gate.db")
         if store_endpoint is not None:
             self.inner.endpoint = store_endpoint  # as a PostgreSQL store says it
@@ -615,7 +617,7 @@ def test_serve_refuses_a_wrong_exporter_before_it_serves(
             "--identity",
             "trusted-headers",
             "--store",
-            f"sqlite:///{tmp_path / 'gate.db'}",
+            new_sqlite_url(tmp_path / "gate.db"),
             "--grpc-listen",
             f"unix:{tmp_path / 'gate.sock'}",
             "--workers",
@@ -721,7 +723,7 @@ def test_serve_refuses_an_unknown_propagator_with_exit_2(
             "--identity",
             "trusted-headers",
             "--store",
-            f"sqlite:///{tmp_path / 'gate.db'}",
+            new_sqlite_url(tmp_path / "gate.db"),
             "--grpc-listen",
             f"unix:{tmp_path / 'gate.sock'}",
             "--workers",
@@ -761,7 +763,7 @@ def test_the_service_name_is_the_variables_or_retrieval_gate(
 def _settings(tmp_path: Path) -> Settings:
     return with_values(
         settings_of(identity=IdentityMode.TRUSTED_HEADERS),
-        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        store=new_sqlite_url(tmp_path / "gate.db"),
         audit_log=tmp_path / "audit.jsonl",
     )
 
