@@ -59,7 +59,12 @@ def check_exposure(settings: Settings) -> None:
     try:
         address = parse_socket_address(settings.listen.grpc)
     except ValueError:
-        return  # the server names the address it cannot listen on
+        # gRPC binds spellings this parser does not read ("0.0.0.0", "0.0.0.0:+9001",
+        # "0.0.0.0: 9001"), on every interface: what cannot be checked is refused.
+        raise ConfigError(
+            f"listen.grpc {settings.listen.grpc!r} is not an address the gate can check: "
+            "write host:port ([v6]:port) or unix:/path"
+        ) from None
     if reachable_from_elsewhere(address) and not settings.listen.expose_grpc:
         raise ConfigError(
             f"listen.grpc {settings.listen.grpc} can be reached from other hosts, and whoever "

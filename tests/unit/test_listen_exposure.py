@@ -7,6 +7,10 @@ reaches the listener would be believed as Envoy.
 
 from __future__ import annotations
 
+import socket
+from concurrent import futures
+
+import grpc
 import pytest
 
 from sidecar.cli import main
@@ -101,3 +105,36 @@ def test_serve_and_proxy_refuse_plain_http_before_they_start(
         args += ["--upstream", "http://127.0.0.1:6333", "--listen", "127.0.0.1:6334"]
     assert main(args) == 2
     assert "fetches the token keys over plain http" in capsys.readouterr().err
+
+
+# Spellings gRPC binds that the address parser does not read: refused, never waved through.
+GRPC_SPELLINGS = [
+    "0.0.0.0:+{port}",
+    "0.0.0.0: {port}",
+    "0.0.0.0",
+    "[::]:{port}",
+    "0.0.0.0:0{port}",
+]
+
+
+def _grpc_binds(address: str) -> bool:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    try:
+        return server.add_insecure_port(address) != 0
+    except RuntimeError:
+        return False
+    finally:
+        server.stop(None)
+
+
+@pytest.mark.parametrize("spelling", GRPC_SPELLINGS)
+def test_every_spelling_grpc_binds_is_checked_or_refused(spelling: str) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = spelling.format(port=port)
+    if not _grpc_binds(address):
+        pytest.fail(f"gRPC no longer binds {address!r}: the list needs a spelling it does bind")
+    # Each of these binds beyond loopback (a control above shows loopback passes).
+    with pytest.raises(ConfigError, match=r"listen\.grpc"):
+        check_exposure(settings(grpc_listen=address))
