@@ -361,8 +361,10 @@ class CacheSettings(Group, group="cache"):
         30.0, name="cache_ttl_seconds", above=0, help="how long a looked-up record is trusted"
     )
     size: int = setting(100_000, name="cache_size", minimum=1, help="records held in the cache")
+    # As long as a found record by default: an absence forgotten sooner would make
+    # the time of a lookup tell an existing record from a missing one.
     negative_ttl_seconds: float = setting(
-        5.0,
+        30.0,
         name="negative_cache_ttl_seconds",
         above=0,
         help='how long "no such record" is remembered',

@@ -507,7 +507,7 @@ def test_defaults_are_unchanged() -> None:
     assert settings.listen.message_timeout_ms == 2000
     assert not settings.listen.expose_grpc and not settings.policy.allow_plain_http
     assert (settings.cache.ttl_seconds, settings.cache.size) == (30.0, 100_000)
-    assert (settings.cache.negative_ttl_seconds, settings.cache.negative_size) == (5.0, 100_000)
+    assert (settings.cache.negative_ttl_seconds, settings.cache.negative_size) == (30.0, 100_000)
     assert settings.cache.stale_if_error_seconds == 0.0
     assert (settings.cache.verdict_size, settings.cache.request_size) == (20_000, 10_000)
     assert settings.policy.opa_timeout_ms == 500

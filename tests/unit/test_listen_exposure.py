@@ -120,7 +120,8 @@ GRPC_SPELLINGS = [
 def _grpc_binds(address: str) -> bool:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
     try:
-        return server.add_insecure_port(address) != 0
+        port: int = server.add_insecure_port(address)
+        return port != 0
     except RuntimeError:
         return False
     finally:
