@@ -72,6 +72,7 @@ def test_route_overrides_are_in_the_line(tmp_path: Path, caplog: pytest.LogCaptu
     settings = settings_of(
         identity=IdentityMode.TRUSTED_HEADERS,
         store=write_demo_store(tmp_path, demo_corpus()),
+        overfetch_factor=1.0,  # off, whatever the default
         routes={
             "/collections/shared/": RouteOptions(push_down=False, mode=Mode.STRICT),
             "/collections/hr/": RouteOptions(tenant_key="org_id", overfetch_factor=3.0),
