@@ -54,6 +54,7 @@ from sidecar.runtime.policy_source import (
     load_bundle_policy,
 )
 from sidecar.runtime.signals import StopSignals
+from sidecar.runtime.summary import record_count, startup_summary
 from sidecar.runtime.tracing import TracedCacheObserver, gate_tracer, start_tracing
 from sidecar.store.cache import CachedStore
 from sidecar.store.listener import ChangeListener, change_listener
@@ -347,6 +348,15 @@ class Sidecar:
             tracer=tracer,
         )
         log.info("policy %s loaded from %s", policy.version, policy_source)
+        records = None if isinstance(inner, PendingStore) else record_count(settings)
+        summary = startup_summary(
+            settings,
+            records=records,
+            policy_version=policy.version,
+            policy_source=policy_source,
+            formats=[fmt.name for fmt in formats.formats],
+        )
+        log.info("%s", summary)
         identity = build_identity(settings)
         admission = RequestAdmission(
             identity,

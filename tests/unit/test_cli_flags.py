@@ -58,6 +58,8 @@ PROXY_ONLY = {
     "--envoy-concurrency",
     "--drain-seconds",
 }
+# `check` asks the database where `proxy` would forward (issue 26).
+CHECK_ONLY = {"--upstream", "--grpc-upstream", "--database", "--collection", "--timeout", "--json"}
 
 # Given before the flag under test (which, coming last, wins): enough for
 # load_settings to accept any one of the others.
@@ -138,11 +140,10 @@ def option_strings(command: str) -> set[str]:
     return {flag for action in parser._actions for flag in action.option_strings}
 
 
-@pytest.mark.parametrize("command", ["serve", "proxy"])
+@pytest.mark.parametrize("command", ["serve", "proxy", "check"])
 def test_the_flags_are_todays_flags(command: str) -> None:
     expected = {"-h", "--help", "--config", *SETTING_FLAGS, *NEGATIONS}
-    if command == "proxy":
-        expected |= PROXY_ONLY
+    expected |= {"proxy": PROXY_ONLY, "check": CHECK_ONLY}.get(command, set())
     assert option_strings(command) == expected
 
 
