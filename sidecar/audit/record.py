@@ -37,15 +37,29 @@ def upstream_text(body: bytes) -> str:
 
 @dataclass(slots=True)
 class UpstreamError:
-    """A non-2xx answer of the upstream on a filtered route: its status and bounded text."""
+    """An error the upstream answered on a filtered route: its HTTP status, its own
+    code for the error, and its bounded text.
+
+    ``code`` is ``source:value``: ``http:<status>`` for a non-2xx answer,
+    ``grpc:<status>`` for a gRPC status, or the database's own code for an
+    error inside a successful answer (``milvus:1100``, ``weaviate:graphql``,
+    ``elasticsearch:<type>``; ``formats.base.ReportedError``).
+    """
 
     status: int
-    text: str  # upstream_text() of its body: never more than the first KiB
+    code: str
+    text: str  # upstream_text() of its body or message: never more than the first KiB
 
     @classmethod
-    def from_body(cls, status: int, body: bytes) -> UpstreamError:
-        """The record of an upstream answer with ``status`` and ``body`` (bounded here)."""
-        return cls(status, upstream_text(body))
+    def from_body(cls, status: int, body: bytes, code: str | None = None) -> UpstreamError:
+        """The record of an upstream answer with ``status`` and ``body`` (bounded here);
+        ``code`` defaults to ``http:<status>``."""
+        return cls(status, f"http:{status}" if code is None else code, upstream_text(body))
+
+    @classmethod
+    def from_text(cls, status: int, code: str, text: str) -> UpstreamError:
+        """The record of an error whose message is ``text`` (bounded here, as UTF-8)."""
+        return cls(status, code, upstream_text(text.encode("utf-8", "replace")))
 
 
 @dataclass(slots=True)
@@ -83,8 +97,10 @@ class AuditRecord:
     """One response's decision record (not frozen, like Release).
 
     ``verdict`` and ``release`` are None for a body the gate could not read
-    (or did not read: an upstream error); ``error`` then says why, and
-    ``upstream`` holds the upstream's status and error text. The verdict's
+    (or did not decide: an upstream error); ``error`` then says why, and
+    ``upstream`` holds the upstream's status, code and error text. A decided
+    body that also reported an error (a multi-search error item beside other
+    results) has both. The verdict's
     decisions become the record's ``candidates``, ``rejected`` (every reason,
     the malformed hit's detail, and the drift class of a HASH_MISMATCH when the
     store held the authoritative text) and ``admitted``.
@@ -135,6 +151,7 @@ class AuditRecord:
             record["error"] = self.error
         if self.upstream is not None:
             record["upstream_status"] = self.upstream.status
+            record["upstream_code"] = self.upstream.code
             record["upstream_text"] = self.upstream.text
         return record
 

@@ -440,6 +440,13 @@ class AuditSettings(Group, group="audit"):
         help="without audit.store: delete sealed segments whose last record is older "
         "(0: keep them)",
     )
+    # A line for people and log pipelines beside the record for auditors; it
+    # carries codes and counts only, so it may go wherever logs go.
+    log_decisions: bool = setting(
+        False,
+        help="log one INFO line per decision (logger sidecar.decisions): decision id, route, "
+        "format, outcome, codes, counts and latency, never a text",
+    )
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from sidecar.core.decision import ChunkDecision
 from sidecar.core.hits import Candidate, Replacement
 from sidecar.core.reasons import Reason, may_read
+from sidecar.formats.base import ReportedError
 from sidecar.refusals import Refusal
 
 
@@ -22,6 +23,11 @@ class CandidateList:
     """A ``ParsedBody`` of bare candidates: one sub-result, rendered as nothing."""
 
     candidates: Sequence[Candidate]
+
+    @property
+    def reported_error(self) -> ReportedError | None:
+        """None: no database answered; the application sent the candidates."""
+        return None
 
     def render(
         self,

@@ -346,6 +346,7 @@ class Sidecar:
             policies=policies,
             max_hits=settings.filter.max_hits,
             tracer=tracer,
+            log_decisions=settings.audit.log_decisions,
         )
         log.info("policy %s loaded from %s", policy.version, policy_source)
         records = None if isinstance(inner, PendingStore) else record_count(settings)

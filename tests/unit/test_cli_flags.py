@@ -46,10 +46,12 @@ SETTING_FLAGS = {
     *("--upstream-credential-file", "--upstream-credential-header"),
     "--upstream-credential-prefix",
     *("--store-pool-min", "--store-pool-max", "--store-pgbouncer", "--store-listen-url"),
+    # Since issue 26: the per-decision log line.
+    "--log-decisions",
 }
 NEGATIONS = {
     *("--no-allow-plain-http", "--no-expose-grpc-listen", "--no-substitute-superseded"),
-    "--no-store-pgbouncer",
+    *("--no-store-pgbouncer", "--no-log-decisions"),
 }
 PROXY_ONLY = {
     "--upstream",

@@ -25,7 +25,8 @@ non-zero ``code`` with no rows, answered with HTTP 200) is rendered as
 ``{"code": <code>, "message": "retrieval_gate: the database answered an
 error"}``: the code is Milvus' error class (``merr``), which clients use to
 tell a retry from a bad request; the message can quote the request's
-expression, field names and values, so it never reaches the client.
+expression, field names and values, so it never reaches the client (the
+body reports it as its ``reported_error``, for the audit record).
 
 The chunk id and text are the row fields ``id_field`` (default ``"id"``, the
 primary key of quick-setup collections) and ``text_field``. A substitute's
@@ -48,6 +49,7 @@ from sidecar.core.hits import Route, RouteKind
 from sidecar.formats.base import MalformedBody, ResponseAdapter
 from sidecar.formats.body import HitBody, Selection
 from sidecar.formats.hits import Field, HitLayout, Hits
+from sidecar.formats.milvus import errors as milvus_errors
 from sidecar.formats.milvus.rest_request import MilvusRequests
 from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
 
@@ -213,6 +215,10 @@ class MilvusFormat(ResponseAdapter[str], MilvusRequests):
                 return RouteKind.READ if tuple(rest) in _V1_READS else RouteKind.WRITE
         return None
 
+    def missing_field(self, error_text: str) -> str | None:
+        """The field a Milvus error names as missing from the schema (``errors``)."""
+        return milvus_errors.missing_field(error_text)
+
     def _shape(self, route: Route) -> str | None:
         """The action of a FILTERED route (search, query ...); None for others."""
         if self.route_kind(route) is not RouteKind.FILTERED:
@@ -228,7 +234,8 @@ class MilvusFormat(ResponseAdapter[str], MilvusRequests):
         rows = document.get("data")
         hits = Hits(self._layout)
         if code != 0 and rows in (None, [], {}):
-            return _Error(hits, code, sub_results=1)
+            reported = milvus_errors.reported(code, document.get("message"))
+            return _Error(hits, code, sub_results=1, reported_error=reported)
         if code not in _SUCCESS:
             raise MalformedBody("an error code in a body with rows")
         if "aggTopks" in document:

@@ -28,6 +28,7 @@ from sidecar.core.hits import Route, RouteKind
 from sidecar.formats import grpc_messages
 from sidecar.formats.grpc_adapter import GrpcAdapter, grpc_method
 from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
+from sidecar.formats.weaviate import errors as weaviate_errors
 from sidecar.formats.weaviate.grpc_hits import Options, Reader, ResultGroup
 from sidecar.formats.weaviate.grpc_reply import WeaviateGrpcBody
 from sidecar.formats.weaviate.grpc_request import SERVICE, WeaviateGrpcRequests
@@ -98,6 +99,11 @@ class WeaviateGrpcFormat(GrpcAdapter, WeaviateGrpcRequests):
         if kind is not None:
             return kind
         return RouteKind.READ if grpc_method(route, HEALTH_SERVICE) in _HEALTH else None
+
+    def missing_field(self, error_text: str) -> str | None:
+        """The property a Weaviate error (a failed call's status message) names as
+        missing from the class (``errors``)."""
+        return weaviate_errors.missing_field(error_text)
 
     def _read(self, document: tuple[bytes, Any], shape: str) -> WeaviateGrpcBody:
         body, reply = document

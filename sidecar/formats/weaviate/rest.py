@@ -19,7 +19,14 @@ from sidecar.core.hits import Route, RouteKind
 from sidecar.formats.base import MalformedBody, ResponseAdapter, load_json, load_object
 from sidecar.formats.hits import Field, FieldPath, HitLayout, Hits
 from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
-from sidecar.formats.weaviate.rest_body import Parser, Release, WeaviateBody, sub_results
+from sidecar.formats.weaviate import errors as weaviate_errors
+from sidecar.formats.weaviate.rest_body import (
+    Parser,
+    Release,
+    WeaviateBody,
+    reported,
+    sub_results,
+)
 from sidecar.formats.weaviate.rest_request import WeaviateRequests, graphql_endpoint
 
 GENERATIVE_MODES: Final = ("strip", "block")
@@ -154,15 +161,26 @@ class WeaviateFormat(ResponseAdapter[bool], WeaviateRequests):
             raise MalformedBody("a GraphQL batch response is not a JSON list")
         return document
 
+    def missing_field(self, error_text: str) -> str | None:
+        """The property a Weaviate error names as missing from the class (``errors``)."""
+        return weaviate_errors.missing_field(error_text)
+
     def _read(self, document: Any, shape: bool) -> WeaviateBody:
         hits = Hits(self._layout)
         parser = Parser(hits)
         if shape:
             responses = tuple(parser.response(item) for item in document)
             # Batches are never over-fetched.
-            return WeaviateBody(hits, responses, True, self._release)
+            return WeaviateBody(
+                hits, responses, True, self._release, reported_error=reported(responses)
+            )
         response = parser.response(document)
         # A plain query has one limit per class result.
         return WeaviateBody(
-            hits, (response,), False, self._release, sub_results=sub_results(response)
+            hits,
+            (response,),
+            False,
+            self._release,
+            sub_results=sub_results(response),
+            reported_error=reported((response,)),
         )
