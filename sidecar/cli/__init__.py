@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from sidecar.cli import audit, check, demo, explain, policy, serve, store
 from sidecar.cli.exit_codes import ExitCode
 from sidecar.config import ConfigError
+from sidecar.runtime.channel import ListenError
 from sidecar.runtime.envoy_process import EnvoyError
-from sidecar.runtime.server import ListenError
 from sidecar.store.store import StoreUnavailable
 
 

@@ -92,6 +92,7 @@ def _workloads(value: Any) -> dict[str, dict[str, Any]]:
 
 
 _MTLS = "(proxy: Envoy terminates mTLS on its listener with all three)"
+_CHANNEL = "(serve; all four or none)"
 
 
 @dataclass(frozen=True)
@@ -99,17 +100,42 @@ class ListenSettings(Group, group="listen"):
     """Where and how the sidecar serves Envoy."""
 
     grpc: str = setting(
-        "127.0.0.1:9001",
+        "unix:/run/retrieval-gate/envoy.sock",
         name="grpc_listen",
-        help="sidecar address, host:port or unix:/path (proxy: a private unix socket "
+        help="where Envoy reaches the sidecar (ext_proc, ext_authz): unix:/path (the socket "
+        "is made mode 0660, for the sidecar's user and group), or host:port with "
+        "listen.grpc_client_ca_file or listen.expose_grpc (proxy: a private unix socket "
         "unless this flag is given)",
     )
     expose_grpc: bool = setting(
         False,
         name="expose_grpc_listen",
-        help="allow listen.grpc on an address other hosts can reach: whoever reaches it is "
-        "believed as Envoy (the caller it names, the bodies it sends), so only where a "
-        "network policy admits Envoy alone",
+        help="allow a TCP listen.grpc without mTLS: whoever reaches it (on loopback, any "
+        "process of this host) is believed as Envoy (the caller it names, the bodies it "
+        "sends), so only where nothing but Envoy can connect",
+    )
+    # mTLS on a TCP listen.grpc: Envoy's client certificate must chain to the CA
+    # and name grpc_client_id; checked on every call (runtime/channel.py).
+    grpc_cert_file: Path | None = setting(
+        None, help=f"the sidecar's certificate chain, PEM, for mTLS on listen.grpc {_CHANNEL}"
+    )
+    grpc_key_file: Path | None = setting(
+        None, help=f"the sidecar's private key, PEM, for mTLS on listen.grpc {_CHANNEL}"
+    )
+    grpc_client_ca_file: Path | None = setting(
+        None, help=f"CA bundle, PEM, that Envoy's client certificate must chain to {_CHANNEL}"
+    )
+    grpc_client_id: str | None = setting(
+        None,
+        check=_non_empty,
+        help="the one identity Envoy's client certificate must name in a SAN (a SPIFFE id "
+        f"or a DNS name); any other is refused on every call {_CHANNEL}",
+    )
+    gate: str | None = setting(
+        None,
+        name="gate_listen",
+        help="where the sidecar serves retrieval_gate.v1.Gate/Filter to applications, "
+        "host:port or unix:/path, never on listen.grpc; none: not served",
     )
     # With N > 1 each worker listens on its own address
     # (sidecar.runtime.workers.worker_addresses) and Envoy balances across them.
@@ -156,6 +182,12 @@ class ListenSettings(Group, group="listen"):
         minimum=1,
         help="proxy: the most HTTP/2 streams (gRPC calls) one client connection may have open",
     )
+
+    @property
+    def grpc_mtls(self) -> bool:
+        """True when Envoy must present a client certificate on listen.grpc (all four
+        grpc_* TLS settings are given: sidecar.config.checks)."""
+        return self.grpc_client_ca_file is not None
 
     @property
     def grpc_max_message_bytes(self) -> int:

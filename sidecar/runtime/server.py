@@ -46,6 +46,7 @@ from sidecar.request.answers import RequestAnswers
 from sidecar.request.gate_route import gate_admission
 from sidecar.request.request_path import RequestPath
 from sidecar.runtime.addresses import parse_host_port
+from sidecar.runtime.channel import ListenError, PinnedPeer, add_listener, server_credentials
 from sidecar.runtime.metadata_store import open_metadata_store
 from sidecar.runtime.policy_source import (
     REFUSAL_REASONS,
@@ -293,7 +294,7 @@ class Sidecar:
     response_filter: ResponseFilter
     listener: ChangeListener | None  # live invalidation (PostgreSQL); None for SQLite
     tracing: TracerProvider | None = None  # this process's spans (OTEL_* variables); None: off
-    # The Gate service's admission (its own route); None: not served.
+    # The Gate service's admission (its own route); None: not served (no listen.gate).
     gate_admission: RequestAdmission | None = None
     policy_source: PolicySource | None = None  # polls policy.bundle; None: no bundle
     # The metadata store when it could not be reached at start: the server
@@ -386,7 +387,9 @@ class Sidecar:
             response_filter,
             listener,
             tracing,
-            gate_admission(identity, request_policy, metrics.count_request_refusal),
+            None
+            if settings.listen.gate is None
+            else gate_admission(identity, request_policy, metrics.count_request_refusal),
             bundle,
             inner if isinstance(inner, PendingStore) else None,
         )
@@ -405,16 +408,19 @@ class Sidecar:
             await asyncio.to_thread(self.tracing.shutdown)
 
 
-class ListenError(OSError):
-    """The sidecar cannot listen on its gRPC address (e.g. another process has it)."""
-
-
 class SidecarServer:
-    """The gRPC server (ext_authz + ext_proc) and the /metrics endpoint."""
+    """The gRPC servers and the /metrics endpoint.
+
+    Envoy's (``listen.grpc``: ext_proc, ext_authz, health) and, with
+    ``listen.gate``, the Gate service's (Gate, health) are two servers, so
+    that neither listener serves the other's services: an application that
+    may call Gate/Filter is not Envoy, whose streams name their caller.
+    """
 
     def __init__(self, sidecar: Sidecar) -> None:
         self.sidecar = sidecar
-        limit = sidecar.settings.listen.grpc_max_message_bytes
+        listen = sidecar.settings.listen
+        limit = listen.grpc_max_message_bytes
         options: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
@@ -422,7 +428,14 @@ class SidecarServer:
             # Envoy's streams (workers listen on port + i).
             ("grpc.so_reuseport", 0),
         ]
-        self._grpc = grpc.aio.server(options=options)
+        # Read now: a missing or malformed file is a ConfigError before anything listens.
+        self._credentials = server_credentials(listen)
+        self._grpc = grpc.aio.server(
+            options=options,
+            interceptors=[]
+            if listen.grpc_client_id is None
+            else [PinnedPeer(listen.grpc_client_id)],
+        )
         # False until the metadata store is open (at once, unless it was
         # unreachable at start): every stream is refused meanwhile.
         self._store_ready = sidecar.pending_store is None
@@ -440,15 +453,18 @@ class SidecarServer:
             AuthorizationServicer(sidecar.request_path.admission, ready=self.store_ready),
             self._grpc,
         )
-        if sidecar.gate_admission is not None:
-            gate_pb2_grpc.add_GateServicer_to_server(
-                GateServicer(sidecar.response_filter, sidecar.gate_admission), self._grpc
-            )
         # The standard gRPC health service, for Kubernetes' grpc probes and
         # Envoy's health checks: SERVING once the gate is ready, NOT_SERVING
         # from the moment it starts to stop.
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        self._gate: grpc.aio.Server | None = None
+        if sidecar.gate_admission is not None:
+            self._gate = grpc.aio.server(options=options)
+            gate_pb2_grpc.add_GateServicer_to_server(
+                GateServicer(sidecar.response_filter, sidecar.gate_admission), self._gate
+            )
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, self._gate)
         self._metrics_server: Any = None
         sidecar.metrics.serving.set(0)
 
@@ -467,16 +483,22 @@ class SidecarServer:
         if self._store_ready:
             await self._start_listener()
         address = settings.listen.grpc
-        try:
-            port = self._grpc.add_insecure_port(address)
-        except RuntimeError as exc:  # grpc's way of saying the address is taken
-            raise ListenError(f"cannot listen on {address}: {exc}") from None
-        if port == 0 and not address.startswith("unix:"):
-            raise ListenError(f"cannot listen on {address}")
+        add_listener(self._grpc, address, self._credentials)
+        if self._gate is not None:
+            assert settings.listen.gate is not None  # Sidecar.from_settings
+            add_listener(self._gate, settings.listen.gate)
         await self._grpc.start()
+        if self._gate is not None:
+            await self._gate.start()
         if self.sidecar.policy_source is not None:
             self.sidecar.policy_source.start()
-        log.info("gRPC (ext_authz, ext_proc, Gate, health) listening on %s", address)
+        log.info(
+            "gRPC (ext_authz, ext_proc, health) listening on %s%s",
+            address,
+            " (mTLS)" if self._credentials is not None else "",
+        )
+        if self._gate is not None:
+            log.info("gRPC (Gate, health) listening on %s", settings.listen.gate)
         pending = self.sidecar.pending_store
         if pending is None:
             await self._serving()
@@ -549,7 +571,8 @@ class SidecarServer:
             self._opening.cancel()
         self.sidecar.metrics.serving.set(0)
         await self._health.enter_graceful_shutdown()
-        await self._grpc.stop(grace)
+        servers = [self._grpc] if self._gate is None else [self._grpc, self._gate]
+        await asyncio.gather(*(server.stop(grace) for server in servers))
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
         await self.sidecar.aclose()

@@ -76,7 +76,7 @@ def test_the_installed_adapter_releases_only_admitted_documents(
 ) -> None:
     given = {
         "index": INDEX,
-        "address": f"unix:{stack.socket}",
+        "address": f"unix:{stack.gate_socket}",
         "token": jwt(),
         "collection": COLLECTION,
     }

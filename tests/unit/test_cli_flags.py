@@ -48,6 +48,9 @@ SETTING_FLAGS = {
     *("--store-pool-min", "--store-pool-max", "--store-pgbouncer", "--store-listen-url"),
     # Since issue 26: the per-decision log line.
     "--log-decisions",
+    # Since issue 27: Envoy's channel (mTLS with a pinned client) and the Gate's listener.
+    *("--grpc-cert-file", "--grpc-key-file", "--grpc-client-ca-file", "--grpc-client-id"),
+    "--gate-listen",
 }
 NEGATIONS = {
     *("--no-allow-plain-http", "--no-expose-grpc-listen", "--no-substitute-superseded"),
@@ -80,6 +83,13 @@ COMPANIONS = {
         *("--upstream-credential-file", "credential", "--upstream-credential-header", "api-key")
     ],
     "store_pool_min": ["--store-pool-max", "8"],
+    **{
+        name: [
+            *("--grpc-cert-file", "c.pem", "--grpc-key-file", "k.pem"),
+            *("--grpc-client-ca-file", "ca.pem", "--grpc-client-id", "spiffe://td/envoy"),
+        ]
+        for name in ("grpc_cert_file", "grpc_key_file", "grpc_client_ca_file", "grpc_client_id")
+    },
     **{
         name: ["--policy-bundle", "bundle.tar.gz", "--policy-bundle-public-key", "k.pem"]
         for name in ("policy_bundle_key_algorithm", "policy_bundle_key_id", "policy_bundle_scope")
@@ -166,6 +176,7 @@ def test_flags_whose_name_is_not_their_key() -> None:
     assert renamed == {
         "--grpc-listen": "listen.grpc",
         "--expose-grpc-listen": "listen.expose_grpc",
+        "--gate-listen": "listen.gate",
         "--identity": "identity.mode",
         "--policy-engine": "policy.engine",
         "--policy-dir": "policy.dir",
