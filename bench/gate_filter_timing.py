@@ -65,9 +65,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         stack = GateStack(
-            workdir, records, config=dict(tokens.hmac_identity(workdir, SECRET))
+            workdir, records, config=dict(tokens.hmac_identity(workdir, SECRET)), gate_service=True
         ).start()
-        channel = grpc.insecure_channel(f"unix:{stack.socket}")
+        channel = grpc.insecure_channel(f"unix:{stack.gate_socket}")
         try:
             stub = gate_pb2_grpc.GateStub(channel)
             token = tokens.token(SECRET, tokens.claims(groups=["qa"], lifetime=3600))
