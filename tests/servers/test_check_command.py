@@ -145,7 +145,7 @@ def test_a_missing_store_file_fails_and_is_not_created(
     [
         ("[broken\n", "gate.toml: Expected ']'"),
         ("[cache]\nsizee = 5\n", "cache.sizee: unknown setting; did you mean cache.size?"),
-        ("[listen]\ngrpc = '0.0.0.0:9001'\n", "can be reached from other hosts"),
+        ("[listen]\ngrpc = '0.0.0.0:9001'\n", "is believed as Envoy"),
     ],
 )
 def test_settings_that_cannot_be_loaded_exit_2(
