@@ -46,6 +46,9 @@ SETTING_FLAGS = {
     *("--upstream-credential-file", "--upstream-credential-header"),
     "--upstream-credential-prefix",
     *("--store-pool-min", "--store-pool-max", "--store-pgbouncer", "--store-listen-url"),
+    # Signed audit checkpoints (issue 29).
+    *("--checkpoint-key-file", "--checkpoint-key-id", "--checkpoint-every-records"),
+    "--checkpoint-every-seconds",
 }
 NEGATIONS = {
     *("--no-allow-plain-http", "--no-expose-grpc-listen", "--no-substitute-superseded"),
@@ -78,6 +81,7 @@ COMPANIONS = {
         *("--upstream-credential-file", "credential", "--upstream-credential-header", "api-key")
     ],
     "store_pool_min": ["--store-pool-max", "8"],
+    "checkpoint_key_id": ["--checkpoint-key-file", "checkpoint.pem"],
     **{
         name: ["--policy-bundle", "bundle.tar.gz", "--policy-bundle-public-key", "k.pem"]
         for name in ("policy_bundle_key_algorithm", "policy_bundle_key_id", "policy_bundle_scope")
