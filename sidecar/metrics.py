@@ -226,6 +226,30 @@ class GateMetrics:
             "audit.retention_seconds without a store: their records are gone).",
             ("reason",),
         )
+        self.audit_checkpoints = counter(
+            "retrieval_gate_audit_checkpoints",
+            "Signed checkpoints of the audit chain's head written (audit.checkpoint_key_file).",
+        )
+        self.audit_last_checkpoint = Gauge(
+            "retrieval_gate_audit_last_checkpoint_timestamp_seconds",
+            "Unix time of the last signed audit checkpoint this process wrote (0: none yet).",
+            registry=r,
+            # With several workers: one series per worker (pid), each its own chain.
+            multiprocess_mode="liveall",
+        )
+        self.audit_oldest_unsigned = Gauge(
+            "retrieval_gate_audit_oldest_unsigned_timestamp_seconds",
+            "Unix time of the first audit record no signed checkpoint covers yet (0: none, "
+            "or no signing key).",
+            registry=r,
+            multiprocess_mode="liveall",
+        )
+        self.audit_checkpoint_every_seconds = Gauge(
+            "retrieval_gate_audit_checkpoint_every_seconds",
+            "audit.checkpoint_every_seconds while checkpoints are signed (0: no signing key).",
+            registry=r,
+            multiprocess_mode="liveall",
+        )
         self.policy_info = Gauge(
             "retrieval_gate_policy_info",
             "1 for the policy revision decisions are made with (a policy_bundle's revision; "
@@ -331,6 +355,14 @@ class GateMetrics:
 
     def segment_deleted(self, reason: str) -> None:
         self.audit_segments_deleted.labels(reason).inc()
+
+    # CheckpointObserver protocol (sidecar.audit.checkpointing).
+    def checkpoint_written(self, at: float) -> None:
+        self.audit_checkpoints.inc()
+        self.audit_last_checkpoint.set(at)
+
+    def unsigned_since(self, at: float) -> None:
+        self.audit_oldest_unsigned.set(at)
 
     # CacheObserver protocol (sidecar.store.cache): keeps the cache free of Prometheus.
     def hit(self, n: int) -> None:

@@ -19,7 +19,7 @@ from sidecar.runtime.bootstrap import Upstream, check_upstream_credential
 from sidecar.runtime.envoy_process import DEFAULT_DRAIN_SECONDS
 from sidecar.runtime.jwks_relay import run_with_jwks_relay
 from sidecar.runtime.proxy import run_proxy
-from sidecar.runtime.server import serve_until_signalled
+from sidecar.runtime.server import load_checkpoint_key, serve_until_signalled
 from sidecar.runtime.workers import serve_workers_until_signalled
 
 # Named in the error that refuses a TCP listen.grpc: the fix most deployments want.
@@ -165,6 +165,8 @@ def serve(args: argparse.Namespace) -> int:
     check_gate_listener(settings)
     check_plain_http(settings)
     check_no_upstream_credential(settings)
+    # Before any worker starts: a bad key is a start-up error, not a worker's death.
+    load_checkpoint_key(settings)
     run = serve_until_signalled if settings.listen.workers == 1 else serve_workers_until_signalled
     # The relay runs here, once, not in each worker.
     return event_loop.run(run_with_jwks_relay(settings, run), settings.listen.event_loop)
@@ -184,6 +186,7 @@ def proxy(args: argparse.Namespace) -> int:
     check_plain_http(settings)
     # Before anything starts: Envoy would refuse a missing file only once the sidecar runs.
     check_upstream_credential(settings)
+    load_checkpoint_key(settings)
     try:
         listen = parse_host_port(args.listen)
         upstream = Upstream.parse(args.upstream)

@@ -103,6 +103,18 @@ def _retention(settings: Settings) -> Iterator[str]:
         )
 
 
+@_reads("audit.checkpoint_key_file", "audit.checkpoint_key_id", "audit.log")
+def _checkpoints(settings: Settings) -> Iterator[str]:
+    audit = settings.audit
+    if audit.checkpoint_key_file is not None and audit.log is None:
+        yield (
+            "audit.checkpoint_key_file needs audit.log (--audit-log): checkpoints sign "
+            "the chain written there"
+        )
+    if audit.checkpoint_key_id is not None and audit.checkpoint_key_file is None:
+        yield "audit.checkpoint_key_id needs audit.checkpoint_key_file (--checkpoint-key-file)"
+
+
 def _is_postgres_url(url: str) -> bool:
     return url.partition("://")[0].lower() in POSTGRES_SCHEMES
 

@@ -479,6 +479,29 @@ class AuditSettings(Group, group="audit"):
         help="log one INFO line per decision (logger sidecar.decisions): decision id, route, "
         "format, outcome, codes, counts and latency, never a text",
     )
+    # Signed checkpoints (sidecar.audit.checkpoints): the chain proves order,
+    # a signature by a key its writers do not hold proves origin.
+    checkpoint_key_file: Path | None = setting(
+        None,
+        help="Ed25519 private key (PEM file) that signs checkpoints of the audit chain's head "
+        "into <audit.log>.checkpoints.jsonl",
+        default_text="off (the chain is unsigned)",
+    )
+    checkpoint_key_id: str | None = setting(
+        None,
+        check=_non_empty,
+        help="the key id every checkpoint names, for verifiers holding several keys "
+        "(default: ed25519: and the public key's fingerprint)",
+        default_text="key fingerprint",
+    )
+    checkpoint_every_records: int = setting(
+        1000, minimum=1, help="sign a checkpoint once this many records are unsigned"
+    )
+    checkpoint_every_seconds: float = setting(
+        60.0,
+        minimum=1,
+        help="sign a checkpoint this long after the first unsigned record was written",
+    )
 
 
 @dataclass(frozen=True)

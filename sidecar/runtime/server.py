@@ -7,6 +7,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -15,8 +16,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry, start_http_server
 
+from sidecar.audit.checkpointing import CheckpointingSink, SigningKey
+from sidecar.audit.checkpoints import (
+    CheckpointError,
+    checkpoints_path,
+    key_fingerprint,
+    load_signing_key,
+)
 from sidecar.audit.jsonl import DELETE_REASONS, JsonlAuditSink, SpoolLimits
-from sidecar.audit.postgres import PostgresAuditSink
+from sidecar.audit.postgres import PostgresAuditSink, default_chain_id
 from sidecar.audit.sink import AuditSink, NullAuditSink
 from sidecar.config import ConfigError, IdentityMode, PolicyEngineName, Settings, format_table
 from sidecar.config.groups import StoreSettings
@@ -123,11 +131,13 @@ def build_identity(settings: Settings) -> IdentityProvider:
 
 
 def build_audit(settings: Settings, metrics: GateMetrics) -> AuditSink:
-    """The audit sink: nothing, a JSON Lines log, or that log as a spool shipped to PostgreSQL."""
+    """The audit sink: nothing, a JSON Lines log, or that log as a spool shipped to PostgreSQL;
+    with a checkpoint key, wrapped to sign checkpoints of the chain's head."""
     audit = settings.audit
     if audit.log is None:
         log.warning("no audit log configured (--audit-log): decisions are not recorded")
         return NullAuditSink()
+    signing = load_checkpoint_key(settings)
     limits = SpoolLimits(
         segment_bytes=audit.segment_bytes,
         segment_seconds=audit.segment_seconds,
@@ -136,8 +146,53 @@ def build_audit(settings: Settings, metrics: GateMetrics) -> AuditSink:
     )
     metrics.audit_spool_limit_bytes.set(audit.max_spool_bytes)
     metrics.preset_segment_deletions(DELETE_REASONS)
+    checkpoints = checkpoints_path(audit.log)
+    sink: JsonlAuditSink | PostgresAuditSink
     if audit.store is None:
-        return JsonlAuditSink(audit.log, limits, observer=metrics)
+        sink = JsonlAuditSink(audit.log, limits, observer=metrics)
+    else:
+        sink = _postgres_audit(settings, limits, metrics, checkpoints if signing else None)
+    if signing is None:
+        return sink
+    metrics.audit_checkpoint_every_seconds.set(audit.checkpoint_every_seconds)
+    try:
+        return CheckpointingSink(
+            sink,
+            checkpoints,
+            chain_id=audit.chain_id or default_chain_id(audit.log),
+            signing=signing,
+            every_records=audit.checkpoint_every_records,
+            every_seconds=audit.checkpoint_every_seconds,
+            observer=metrics,
+        )
+    except CheckpointError as exc:
+        sink.close()
+        raise ConfigError(f"audit checkpoints: {exc}") from None
+    except BaseException:
+        sink.close()
+        raise
+
+
+def load_checkpoint_key(settings: Settings) -> SigningKey | None:
+    """The checkpoint signing key and its id, or None when checkpoints are off.
+
+    ConfigError names the file and what is wrong with it, never its contents.
+    """
+    path = settings.audit.checkpoint_key_file
+    if path is None:
+        return None
+    try:
+        key = load_signing_key(path)
+    except ValueError as exc:
+        raise ConfigError(f"audit.checkpoint_key_file {exc}") from None
+    return SigningKey(key, settings.audit.checkpoint_key_id or key_fingerprint(key.public_key()))
+
+
+def _postgres_audit(
+    settings: Settings, limits: SpoolLimits, metrics: GateMetrics, checkpoints: Path | None
+) -> PostgresAuditSink:
+    audit = settings.audit
+    assert audit.log is not None and audit.store is not None
 
     def report(backlog: int) -> None:
         # Set, not set_function: with several workers only set values reach
@@ -153,6 +208,7 @@ def build_audit(settings: Settings, metrics: GateMetrics) -> AuditSink:
         limits=limits,
         observer=metrics,
         on_backlog=report,
+        checkpoints=checkpoints,
     )
     report(sink.backlog)
     sink.start()

@@ -51,6 +51,9 @@ SETTING_FLAGS = {
     # Since issue 27: Envoy's channel (mTLS with a pinned client) and the Gate's listener.
     *("--grpc-cert-file", "--grpc-key-file", "--grpc-client-ca-file", "--grpc-client-id"),
     "--gate-listen",
+    # Signed audit checkpoints (issue 29).
+    *("--checkpoint-key-file", "--checkpoint-key-id", "--checkpoint-every-records"),
+    "--checkpoint-every-seconds",
 }
 NEGATIONS = {
     *("--no-allow-plain-http", "--no-expose-grpc-listen", "--no-substitute-superseded"),
@@ -83,6 +86,7 @@ COMPANIONS = {
         *("--upstream-credential-file", "credential", "--upstream-credential-header", "api-key")
     ],
     "store_pool_min": ["--store-pool-max", "8"],
+    "checkpoint_key_id": ["--checkpoint-key-file", "checkpoint.pem"],
     **{
         name: [
             *("--grpc-cert-file", "c.pem", "--grpc-key-file", "k.pem"),

@@ -56,7 +56,7 @@ def test_identity_is_required_and_its_modes_are_listed() -> None:
 
 
 def test_every_setting_is_in_exactly_one_group() -> None:
-    assert len(SETTINGS) == 79  # with routes and formats: 81
+    assert len(SETTINGS) == 83  # with routes and formats: 85
     assert len({spec.path for spec in SETTINGS}) == len(SETTINGS)
     assert len({spec.name for spec in SETTINGS}) == len(SETTINGS)
     assert [f.name for f in fields(Settings)] == [*GROUPS, "routes", "formats"]
