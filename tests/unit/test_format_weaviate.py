@@ -269,6 +269,7 @@ U = UUIDS[0]
         ("GET", "/v1/tasks", RouteKind.READ),
         ("GET", "/v1/classifications/c1", RouteKind.CONTENT),  # meta.count
         ("POST", "/v1/tokenize", RouteKind.READ),
+        ("POST", "/v1/schema/Chunk/properties/title/tokenize", RouteKind.READ),
         ("POST", "/v1", RouteKind.WRITE),
         ("POST", "/v1/objects", RouteKind.WRITE),
         ("POST", "/v1/objects/validate", RouteKind.WRITE),

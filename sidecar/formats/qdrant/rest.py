@@ -316,6 +316,14 @@ class _QdrantBody(HitBody):
         return envelope
 
 
+def _lists_aliases(segments: list[str]) -> bool:
+    """``/aliases``, ``/collections/aliases`` or ``/collections/{c}/aliases``."""
+    match segments:
+        case ["", "aliases"] | ["", "collections", "aliases"] | ["", "collections", _, "aliases"]:
+            return True
+    return False
+
+
 class QdrantFormat(ResponseAdapter[_Shape], QdrantRequests):
     """Adapter for Qdrant's REST API: filters responses, rewrites search requests."""
 
@@ -366,7 +374,7 @@ class QdrantFormat(ResponseAdapter[_Shape], QdrantRequests):
         segments = path.split("/")
         if path == "/collections/aliases" and method == "POST":
             return RouteKind.WRITE  # alias changes
-        if "snapshots" in segments or segments[-1:] == ["aliases"] or path in _COUNTING:
+        if "snapshots" in segments or path in _COUNTING or _lists_aliases(segments):
             return RouteKind.CONTENT
         if path == "/collections":
             return RouteKind.CONTENT if method in ("GET", "HEAD") else None

@@ -141,8 +141,10 @@ class WeaviateFormat(ResponseAdapter[bool], WeaviateRequests):
             return RouteKind.CONTENT if reads else RouteKind.WRITE
         if root == "batch":
             return RouteKind.WRITE
-        if root == "tokenize":
-            # Tokenises the text in the request; touches no stored object.
+        tokenizes_property = rest[2:3] == ["properties"] and rest[4:] == ["tokenize"]
+        if root == "tokenize" or (root == "schema" and tokenizes_property and method == "POST"):
+            # Tokenises the text in the request (with a property's tokenization);
+            # touches no stored object.
             return RouteKind.READ
         if root in _READ_ROOTS:
             if reads or (root == "authz" and rest[-1] == "has-permission"):
