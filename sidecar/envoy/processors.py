@@ -116,14 +116,19 @@ class RequestBodyReader(Processor, Generic[PlanT]):
 
 
 class CollectionsReader(RequestBodyReader[ReadCollections]):
-    """A gRPC call the gate does not filter: its body is read for the collections it names."""
+    """A route the gate does not filter whose request body it reads first: the
+    collections a gRPC call names, what a REST body asks (``ReadCollections``)."""
 
-    grpc = True
+    def __init__(
+        self, path: RequestPath, plan: ReadCollections, encoding: str, max_body_bytes: int
+    ) -> None:
+        super().__init__(path, plan, encoding, max_body_bytes)
+        self.grpc = plan.grpc
 
     async def request_body(self, message: ext_proc.HttpBody) -> _Answer:
         read = await self._read(message)
         if isinstance(read, Refused):
-            return refusal_answer(read.refusal, grpc=True)
+            return refusal_answer(read.refusal, grpc=self.grpc)
         return _BODY_UNCHANGED
 
     def ends_after(self, kind: str, answer: _Answer) -> bool:

@@ -37,16 +37,19 @@ from sidecar.formats.weaviate.rest import generative_option, own_properties, rel
 SEARCH_REPLY: Final = "weaviate.v1.SearchReply"
 _REPLIES: Final[Mapping[str, str]] = {"Search": SEARCH_REPLY}
 
-# Every method of weaviate.v1.Weaviate. Aggregate computes over objects the
-# gate never checks; TenantsGet lists who else uses a multi-tenant collection
-# (as the REST adapter classifies GET /v1/schema/{c}/tenants). BatchSend and
-# BatchStream are the batch writes of servers after 1.32.
+# Every method of weaviate.v1.Weaviate, classified as the REST adapter
+# classifies the same operations. Aggregate computes over objects the gate
+# never checks (POST /v1/aggregate/{c}); TenantsGet lists who else uses a
+# multi-tenant collection (GET /v1/schema/{c}/tenants). BatchSend and
+# BatchStream are the batch writes of servers after 1.32, BatchReferences
+# POST /v1/batch/references.
 _KINDS: Final[Mapping[str, RouteKind]] = {
     "Search": RouteKind.FILTERED,
     "Aggregate": RouteKind.CONTENT,
     "TenantsGet": RouteKind.CONTENT,
     "BatchObjects": RouteKind.WRITE,
     "BatchDelete": RouteKind.WRITE,
+    "BatchReferences": RouteKind.WRITE,
     "BatchSend": RouteKind.WRITE,
     "BatchStream": RouteKind.WRITE,
 }

@@ -112,10 +112,14 @@ class WeaviateFormat(ResponseAdapter[bool], WeaviateRequests):
 
         FILTERED: POST ``/v1/graphql`` and ``/v1/graphql/batch``. CONTENT: REST
         object reads, backups, exports, the REST search and aggregate API and
-        MCP (all return stored values past the per-chunk check), and GETs of
-        module-defined endpoints. READ: GET/HEAD of metadata, schema, cluster,
-        user and role endpoints, permission checks and tokenisation. WRITE:
-        everything else on those roots, batches and object changes.
+        MCP (all return stored values past the per-chunk check), GETs of
+        module-defined endpoints, and what names or counts every tenant's
+        objects: nodes, a class's tenants, its shards (objects queued for
+        indexing) and a classification (objects classified). READ: GET/HEAD
+        of metadata, schema, cluster, user and role endpoints, permission
+        checks and tokenisation. WRITE: everything else on those roots,
+        batches and object changes. The gRPC twin (``grpc``) classifies the
+        same operations alike.
         """
         segments = route.path.removesuffix("/").split("/")
         if segments[:2] != ["", "v1"] or not all(segments[2:]):
@@ -133,15 +137,21 @@ class WeaviateFormat(ResponseAdapter[bool], WeaviateRequests):
             return RouteKind.CONTENT if reads else RouteKind.WRITE
         if root in _CONTENT_ROOTS:
             return RouteKind.CONTENT
-        if root == "schema" and rest[2:3] == ["tenants"] and reads:
-            # The names of a multi-tenant class's tenants: who else uses it.
+        if root == "schema" and rest[2:3] in (["tenants"], ["shards"]) and reads:
+            # The names of a multi-tenant class's tenants (who else uses it),
+            # and its shards with the objects each has queued for indexing.
+            return RouteKind.CONTENT
+        if root == "classifications" and rest[1:] and reads:
+            # A classification's counts of the objects it classified.
             return RouteKind.CONTENT
         if root in ("objects", "modules"):
             return RouteKind.CONTENT if reads else RouteKind.WRITE
         if root == "batch":
             return RouteKind.WRITE
-        if root == "tokenize":
-            # Tokenises the text in the request; touches no stored object.
+        tokenizes_property = rest[2:3] == ["properties"] and rest[4:] == ["tokenize"]
+        if root == "tokenize" or (root == "schema" and tokenizes_property and method == "POST"):
+            # Tokenises the text in the request (with a property's tokenization);
+            # touches no stored object.
             return RouteKind.READ
         if root in _READ_ROOTS:
             if reads or (root == "authz" and rest[-1] == "has-permission"):
