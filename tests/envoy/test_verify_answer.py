@@ -15,6 +15,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import psycopg
@@ -190,5 +191,5 @@ def _shipped(database: str, decision_id: str) -> bool:
     return bool(row and row[0])
 
 
-def _log_records(stack: GateStack) -> list[dict[str, object]]:
+def _log_records(stack: GateStack) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in stack.audit_log.read_bytes().splitlines() if line]
