@@ -13,6 +13,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from sidecar.core.answer_check import AnswerCheck, ClaimVerdict
 from sidecar.core.drift import Drift
 from sidecar.core.reasons import Reason
 
@@ -266,6 +267,25 @@ class GateMetrics:
             "compile, tests, time_purity.",
             ("reason",),
         )
+        self.answer_claims = counter(
+            "retrieval_gate_answer_claims",
+            "Claims of answers checked by Gate/VerifyAnswer, by verdict (supported, "
+            "unknown_decision, not_released, text_mismatch, revoked_since, superseded_since, "
+            "quote_not_found).",
+            ("verdict",),
+        )
+        self.answer_verifications = counter(
+            "retrieval_gate_answer_verifications",
+            "Answers checked by Gate/VerifyAnswer, by result: supported (every claim "
+            "supported, every decision id the caller's) or unsupported.",
+            ("result",),
+        )
+        # Every verdict's series exists from the start: the first unsupported
+        # claim must be an increase an alert can see.
+        for verdict in ClaimVerdict:
+            self.answer_claims.labels(verdict.value)
+        for result in ("supported", "unsupported"):
+            self.answer_verifications.labels(result)
 
         # labels() is slow next to inc(): children are kept per label values.
         # Their number is bounded by the closed label sets.
@@ -343,6 +363,15 @@ class GateMetrics:
         if child is None:
             child = self._response_children[key] = self.responses.labels(*key)
         child.inc()
+
+    def count_verification(self, check: AnswerCheck) -> None:
+        """Count one verified answer and each of its claims by verdict."""
+        counts: dict[str, int] = {}
+        for claim in check.claims:
+            counts[claim.verdict] = counts.get(claim.verdict, 0) + 1
+        for verdict, n in counts.items():
+            self.answer_claims.labels(verdict).inc(n)
+        self.answer_verifications.labels("supported" if check.supported else "unsupported").inc()
 
     def preset_segment_deletions(self, reasons: Iterable[str]) -> None:
         """Create ``retrieval_gate_audit_segments_deleted_total`` at 0 for each reason."""

@@ -90,6 +90,10 @@ class Release:
     admitted: list[str | None] | None = None
     substituted: list[Substitution] = field(default_factory=list)
     refusal: str | None = None  # the error code when the client got no body
+    # Beside ``released``: the SHA-256 of the canonical text admitted for each
+    # released chunk (None for one released unadmitted, in audit mode). What
+    # answer verification checks an application's chunk texts against.
+    sha256: list[str | None] | None = None
 
 
 @dataclass(slots=True)
@@ -142,6 +146,8 @@ class AuditRecord:
             if release.refusal is not None:
                 record["refusal"] = release.refusal
             record["released"] = release.released
+            if release.sha256 is not None:
+                record["released_sha256"] = release.sha256
             if release.admitted is not None:
                 record["admitted"] = release.admitted
             if release.substituted:

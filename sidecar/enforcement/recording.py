@@ -262,8 +262,12 @@ def _release(
         replacements[p].chunk_id if p in replacements else by_position[p]
         for p in released.positions
     ]
+    hashes = decided.hashes
+    digests = [hashes.get(p) for p in released.positions]
     if not replacements:
-        return Release(ids, tenant_filter, overfetched, refusal=code_of(released.refusal))
+        return Release(
+            ids, tenant_filter, overfetched, refusal=code_of(released.refusal), sha256=digests
+        )
     kept = decided.kept
     decisions = decided.verdict.decisions
     return Release(
@@ -281,4 +285,5 @@ def _release(
             if d.position in replacements
         ],
         refusal=code_of(released.refusal),
+        sha256=digests,
     )

@@ -32,6 +32,7 @@ from sidecar.core.decision_core import DecisionCore
 from sidecar.core.modes import RoutePolicies
 from sidecar.core.policy import PolicyEngine, PolicyError, RequestPolicyEngine
 from sidecar.core.reasons import ReasonOrder
+from sidecar.enforcement.answer_verification import AnswerVerifier
 from sidecar.enforcement.response_filter import ResponseFilter
 from sidecar.envoy.ext_authz import AuthorizationServicer
 from sidecar.envoy.ext_proc import ExternalProcessorServicer
@@ -54,6 +55,7 @@ from sidecar.request.answers import RequestAnswers
 from sidecar.request.gate_route import gate_admission
 from sidecar.request.request_path import RequestPath
 from sidecar.runtime.addresses import parse_host_port
+from sidecar.runtime.answer_verification import answer_verification
 from sidecar.runtime.channel import ListenError, PinnedPeer, add_listener, server_credentials
 from sidecar.runtime.metadata_store import open_metadata_store
 from sidecar.runtime.policy_source import (
@@ -356,6 +358,8 @@ class Sidecar:
     # The metadata store when it could not be reached at start: the server
     # opens it in the background (SidecarServer); None: opened.
     pending_store: PendingStore | None = None
+    # Gate/VerifyAnswer's checks; None without an audit log to verify against.
+    answer_verifier: AnswerVerifier | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Sidecar:
@@ -392,7 +396,8 @@ class Sidecar:
         )
         formats = format_table(settings)
         metrics.preset(fmt.name for fmt in formats.formats)
-        audit = build_audit(settings, metrics)
+        sink = build_audit(settings, metrics)
+        audit, verifier = answer_verification(settings, sink, store, metrics)
         policies = RoutePolicies(settings.route_policy)
         response_filter = ResponseFilter(
             formats=formats,
@@ -448,6 +453,7 @@ class Sidecar:
             else gate_admission(identity, request_policy, metrics.count_request_refusal),
             bundle,
             inner if isinstance(inner, PendingStore) else None,
+            verifier,
         )
 
     async def aclose(self) -> None:
@@ -457,6 +463,8 @@ class Sidecar:
             await self.policy_source.stop()
         if self.listener is not None:
             await self.listener.stop()
+        if self.answer_verifier is not None:
+            await self.answer_verifier.aclose()
         self.audit.close()
         await self.store.aclose()
         if self.tracing is not None:
@@ -518,7 +526,10 @@ class SidecarServer:
         if sidecar.gate_admission is not None:
             self._gate = grpc.aio.server(options=options)
             gate_pb2_grpc.add_GateServicer_to_server(
-                GateServicer(sidecar.response_filter, sidecar.gate_admission), self._gate
+                GateServicer(
+                    sidecar.response_filter, sidecar.gate_admission, sidecar.answer_verifier
+                ),
+                self._gate,
             )
             health_pb2_grpc.add_HealthServicer_to_server(self._health, self._gate)
         self._metrics_server: Any = None

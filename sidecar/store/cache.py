@@ -172,6 +172,15 @@ class CachedStore:
         records, unavailable, _ = await self._lookup(chunk_ids)
         return Lookup(records, unavailable)
 
+    async def fetch_current(self, chunk_ids: Collection[str]) -> Mapping[str, ChunkRecord]:
+        """Look records up in the store itself, never the cache (refreshing the cache).
+
+        For a question about *now* (was a chunk revoked since a decision?),
+        which a cached record up to ``ttl`` old could answer wrongly. Raises
+        StoreUnavailable; no stale record answers.
+        """
+        return await self._from_store(list(dict.fromkeys(chunk_ids)))
+
     def upsert(self, records: Iterable[ChunkRecord], *, reinstate: bool = False) -> int:
         """Write through to the inner store, then drop the written ids from the cache."""
         batch = list(records)
