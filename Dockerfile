@@ -44,10 +44,14 @@ LABEL org.opencontainers.image.title="retrieval-gate" \
       org.opencontainers.image.licenses="Apache-2.0"
 # A numeric user, so Kubernetes' runAsNonRoot can verify it; written directly
 # because a minimal base may have no useradd.
+# /run/retrieval-gate holds the socket Envoy reaches the gate on: the gate's
+# alone to write, searchable by its group (Envoy joins group 10001; a new named
+# volume mounted there starts with this owner and mode).
 RUN echo "gate:x:10001:10001:Retrieval Gate:/var/lib/retrieval-gate:/usr/sbin/nologin" >> /etc/passwd \
  && echo "gate:x:10001:" >> /etc/group \
- && mkdir -p /var/lib/retrieval-gate /etc/retrieval-gate \
- && chown 10001:10001 /var/lib/retrieval-gate
+ && mkdir -p /var/lib/retrieval-gate /etc/retrieval-gate /run/retrieval-gate \
+ && chown 10001:10001 /var/lib/retrieval-gate /run/retrieval-gate \
+ && chmod 0750 /run/retrieval-gate
 COPY --from=build /opt/retrieval-gate /opt/retrieval-gate
 COPY deploy/container/healthcheck.py /opt/retrieval-gate/libexec/healthcheck.py
 # PATH spelled out: an imported base image may carry no PATH to extend.
@@ -58,15 +62,16 @@ ENV PATH=/opt/retrieval-gate/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/b
     PYTHONUNBUFFERED=1
 USER 10001:10001
 WORKDIR /var/lib/retrieval-gate
-EXPOSE 9001 9464
+EXPOSE 9464
 # The gRPC server the default command starts (GATE_HEALTHCHECK_ADDRESS moves it).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
     CMD ["/opt/retrieval-gate/bin/python", "/opt/retrieval-gate/libexec/healthcheck.py"]
 ENTRYPOINT ["retrieval-gate"]
 # Settings (identity, store, audit) come from a mounted TOML file; secrets such
 # as a JWKS file, an HMAC key or a DSN password are mounted too, never built in.
-# Loopback only: whoever reaches the gRPC port is believed about the caller, so
-# a wider address is a choice the deployment makes in its own arguments (the
-# Kubernetes manifests do), never a default (docs/container.md).
+# Whoever opens an ext_proc stream is believed about the caller, so Envoy
+# reaches the gate over a unix socket (mode 0660, user and group 10001), never
+# a TCP port: share /run/retrieval-gate with Envoy's container
+# (docs/container.md).
 CMD ["serve", "--config", "/etc/retrieval-gate/gate.toml", \
-     "--grpc-listen", "127.0.0.1:9001", "--metrics", "127.0.0.1:9464"]
+     "--grpc-listen", "unix:/run/retrieval-gate/envoy.sock", "--metrics", "127.0.0.1:9464"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import os
 import posixpath
 import tarfile
 import tempfile
@@ -48,7 +49,10 @@ from tests.fixtures.records import record_dict, text_for
 
 # -- records ---------------------------------------------------------------------------
 
-_RECORDS_FILE: Final = Path(tempfile.gettempdir()) / "retrieval-gate-fuzz-records.jsonl"
+# One file per process: two test runs (or fuzzers) at once would read each other's input.
+_RECORDS_FILE: Final = (
+    Path(tempfile.gettempdir()) / f"retrieval-gate-fuzz-records-{os.getpid()}.jsonl"
+)
 
 
 def check_records(data: bytes) -> str:

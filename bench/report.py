@@ -331,6 +331,40 @@ def _sweep(s: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _channel(ch: Mapping[str, Any]) -> list[str]:
+    out = [
+        f"**Envoy's channel to the sidecar: unix socket vs loopback TCP** ({ch['workload']}, "
+        f"hot cache; two otherwise identical gate stacks, {ch['rounds']} x {ch['seconds']} s "
+        "per path, interleaved; CPU in µs per response)",
+        "",
+        "| conns | channel | req/s | p50 / p90 / p99 | sidecar CPU | front Envoy CPU |",
+        "|---|---|---|---|---|---|",
+    ]
+    for conns, row in ch["connections"].items():
+        for key, name in (("unix", "unix socket"), ("tcp", "loopback TCP")):
+            m = row[key]
+            out.append(
+                f"| {conns} | {name} | {m['rps']:,.0f} | {_lat(m)} "
+                f"| {1000 * m['sidecar_cpu_s_per_1k']:,.0f} "
+                f"| {1000 * m['front_envoy_cpu_s_per_1k']:,.0f} |"
+            )
+    out += ["", "TCP - unix, paired per round (median, range):", ""]
+    for conns, row in ch["connections"].items():
+        d = row["tcp_minus_unix"]
+        out.append(
+            f"- {conns} conn{'s' if conns != '1' else ''}: p50 {_paired(d['p50_ms'], '+.3f')} "
+            f"ms, p99 {_paired(d['p99_ms'], '+.3f')} ms, req/s {_paired(d['rps'], '+,.0f')}, "
+            f"sidecar CPU {_paired(d['sidecar_cpu_us'], '+,.0f')} µs, Envoy CPU "
+            f"{_paired(d['envoy_cpu_us'], '+,.0f')} µs"
+        )
+    out.append("")
+    return out
+
+
+def _paired(v: Mapping[str, float], fmt: str) -> str:
+    return f"{v['median']:{fmt}} ({v['min']:{fmt}} .. {v['max']:{fmt}})"
+
+
 def markdown(report: Mapping[str, Any]) -> str:
     r = report["results"]
     out = [
@@ -387,6 +421,8 @@ def markdown(report: Mapping[str, Any]) -> str:
             out += _pieces(r["pieces"])
     if "sweep" in r:
         out += _sweep(r["sweep"])
+    if "channel" in r:
+        out += _channel(r["channel"])
     pg = r.get("postgres", {})
     if "skipped" in pg:
         out += [f"**PostgreSQL**: skipped ({pg['skipped']})", ""]

@@ -10,6 +10,8 @@ in interleaved rounds and reports medians and ratios:
   floor     the design's floor: the same front Envoy and processing mode in front of
             bench/floor_servicer.py, a Python grpc.aio ext_proc that does no work,
             interleaved with Envoy alone and the gate, 1 and 8 connections
+  channel   Envoy's channel to the sidecar: a unix socket (the default) against loopback
+            TCP, the same gate, interleaved, 1 and 8 connections, with paired differences
   postgres  hot vs cold metadata cache against PostgreSQL (scratch database), 1 connection
   core      the decision core alone: bench/core.py, run as a subprocess
 
@@ -63,7 +65,7 @@ from workloads import ALL, HEADLINE, SCALING, Workload
 from sidecar.runtime.ports import free_port
 
 BENCH = Path(__file__).resolve().parent
-SECTIONS = ("headline", "scaling", "floor", "pieces", "sweep", "postgres", "core")
+SECTIONS = ("headline", "scaling", "floor", "pieces", "sweep", "channel", "postgres", "core")
 HOT = {"cache_ttl_seconds": 3600.0}
 # Every response is one store round trip: a TTL must be > 0, and a record kept for
 # 1 ms has expired before the next request at one connection (~3 ms apart).
@@ -130,11 +132,13 @@ class Plan:
     pieces_rounds: int
     sweep_seconds: int
     sweep_rounds: int
+    channel_seconds: int
+    channel_rounds: int
 
 
 PLANS = {
-    "full": Plan(15, 5, 10, 3, 10, 5, 2, 10, 4, 10, 3, 8, 2),
-    "quick": Plan(5, 2, 3, 1, 4, 2, 1, 3, 2, 4, 1, 3, 1),
+    "full": Plan(15, 5, 10, 3, 10, 5, 2, 10, 4, 10, 3, 8, 2, 10, 6),
+    "quick": Plan(5, 2, 3, 1, 4, 2, 1, 3, 2, 4, 1, 3, 1, 3, 2),
 }
 # Connection counts of the sweep section (throughput against connections).
 SWEEP = (1, 2, 4, 8, 16)
@@ -484,6 +488,65 @@ def sweep(runner: Runner, setup: Setup, gate: GateStack) -> dict[str, Any]:
     }
 
 
+def channel(runner: Runner, setup: Setup, store: str) -> dict[str, Any]:
+    """Envoy's channel to the sidecar: a unix socket (the default since issue 27) against
+    loopback TCP (the default before it), two otherwise identical gate stacks, interleaved
+    rounds at 1 and 8 connections; with the per-round (paired) differences, TCP - unix."""
+    plan = runner.plan
+    tcp = {"grpc_listen": f"127.0.0.1:{free_port()}", "expose_grpc_listen": True}
+    stacks = {
+        "unix": setup.gate("channel-unix", {"store": store, **HOT}),
+        "tcp": setup.gate("channel-tcp", {"store": store, **HOT, **tcp}),
+    }
+    try:
+        for stack in stacks.values():
+            check_filtering(stack, HEADLINE)
+        cases = [
+            Case(f"{key} c{c}", stack.gated + HEADLINE.path, c, gate_cpu(stack))
+            for c in (1, 8)
+            for key, stack in stacks.items()
+        ]
+        runner.warm_up(cases)
+        runs = runner.rounds("channel", cases, plan.channel_rounds, plan.channel_seconds)
+        summary = runner.summarise("channel", runs)
+        seen = {
+            key: {**stack.describe(), "grpc_listen": stack.config["grpc_listen"]}
+            for key, stack in stacks.items()
+        }
+    finally:
+        for stack in stacks.values():
+            setup.stop(stack)
+    result: dict[str, Any] = {
+        "workload": f"{HEADLINE.chunks} chunks x {HEADLINE.text_bytes} B",
+        "rounds": plan.channel_rounds,
+        "seconds": plan.channel_seconds,
+        "stacks": seen,
+        "connections": {},
+    }
+    measures = {
+        "p50_ms": ("p50_ms", 1.0),
+        "p99_ms": ("p99_ms", 1.0),
+        "rps": ("rps", 1.0),
+        "sidecar_cpu_us": ("sidecar_cpu_s_per_1k", 1000.0),
+        "envoy_cpu_us": ("front_envoy_cpu_s_per_1k", 1000.0),
+    }
+    for c in (1, 8):
+        unix, tcp_runs = runs[f"unix c{c}"], runs[f"tcp c{c}"]
+        paired = {
+            name: sorted(scale * (t[key] - u[key]) for t, u in zip(tcp_runs, unix, strict=True))
+            for name, (key, scale) in measures.items()
+        }
+        result["connections"][str(c)] = {
+            "unix": summary[f"unix c{c}"],
+            "tcp": summary[f"tcp c{c}"],
+            "tcp_minus_unix": {
+                name: {"median": statistics.median(d), "min": d[0], "max": d[-1]}
+                for name, d in paired.items()
+            },
+        }
+    return result
+
+
 def store_counters(stack: GateStack) -> dict[str, float]:
     m = stack.metrics()
     return {
@@ -632,7 +695,7 @@ def main() -> int:
             )
             runner.always["upstream_envoy"] = lambda: tree_cpu_seconds(upstream.pid)
             setup = Setup(processes, upstream_port, options, args.envoy_concurrency)
-            if {"headline", "scaling", "floor", "pieces", "sweep"} & set(args.sections):
+            if {"headline", "scaling", "floor", "pieces", "sweep", "channel"} & set(args.sections):
                 store = f"sqlite:///{workdir / 'gate.db'}"
                 load_store(store, [r for w in ALL for r in w.records()], workdir)
                 stack = setup.gate("sqlite-hot", {"store": store, **HOT})
@@ -648,6 +711,8 @@ def main() -> int:
                 if "sweep" in args.sections:
                     results["sweep"] = sweep(runner, setup, stack)
                 setup.stop(stack)
+                if "channel" in args.sections:
+                    results["channel"] = channel(runner, setup, store)
             if "postgres" in args.sections:
                 results["postgres"] = postgres(runner, setup, args.pg_url)
                 machine["postgresql"] = results["postgres"].get("server")

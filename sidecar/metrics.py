@@ -13,6 +13,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from sidecar.core.answer_check import AnswerCheck, ClaimVerdict
 from sidecar.core.drift import Drift
 from sidecar.core.reasons import Reason
 
@@ -234,6 +235,30 @@ class GateMetrics:
             "audit.retention_seconds without a store: their records are gone).",
             ("reason",),
         )
+        self.audit_checkpoints = counter(
+            "retrieval_gate_audit_checkpoints",
+            "Signed checkpoints of the audit chain's head written (audit.checkpoint_key_file).",
+        )
+        self.audit_last_checkpoint = Gauge(
+            "retrieval_gate_audit_last_checkpoint_timestamp_seconds",
+            "Unix time of the last signed audit checkpoint this process wrote (0: none yet).",
+            registry=r,
+            # With several workers: one series per worker (pid), each its own chain.
+            multiprocess_mode="liveall",
+        )
+        self.audit_oldest_unsigned = Gauge(
+            "retrieval_gate_audit_oldest_unsigned_timestamp_seconds",
+            "Unix time of the first audit record no signed checkpoint covers yet (0: none, "
+            "or no signing key).",
+            registry=r,
+            multiprocess_mode="liveall",
+        )
+        self.audit_checkpoint_every_seconds = Gauge(
+            "retrieval_gate_audit_checkpoint_every_seconds",
+            "audit.checkpoint_every_seconds while checkpoints are signed (0: no signing key).",
+            registry=r,
+            multiprocess_mode="liveall",
+        )
         self.policy_info = Gauge(
             "retrieval_gate_policy_info",
             "1 for the policy revision decisions are made with (a policy_bundle's revision; "
@@ -250,6 +275,25 @@ class GateMetrics:
             "compile, tests, time_purity.",
             ("reason",),
         )
+        self.answer_claims = counter(
+            "retrieval_gate_answer_claims",
+            "Claims of answers checked by Gate/VerifyAnswer, by verdict (supported, "
+            "unknown_decision, not_released, text_mismatch, revoked_since, superseded_since, "
+            "quote_not_found).",
+            ("verdict",),
+        )
+        self.answer_verifications = counter(
+            "retrieval_gate_answer_verifications",
+            "Answers checked by Gate/VerifyAnswer, by result: supported (every claim "
+            "supported, every decision id the caller's) or unsupported.",
+            ("result",),
+        )
+        # Every verdict's series exists from the start: the first unsupported
+        # claim must be an increase an alert can see.
+        for verdict in ClaimVerdict:
+            self.answer_claims.labels(verdict.value)
+        for result in ("supported", "unsupported"):
+            self.answer_verifications.labels(result)
 
         # labels() is slow next to inc(): children are kept per label values.
         # Their number is bounded by the closed label sets.
@@ -328,6 +372,15 @@ class GateMetrics:
             child = self._response_children[key] = self.responses.labels(*key)
         child.inc()
 
+    def count_verification(self, check: AnswerCheck) -> None:
+        """Count one verified answer and each of its claims by verdict."""
+        counts: dict[str, int] = {}
+        for claim in check.claims:
+            counts[claim.verdict] = counts.get(claim.verdict, 0) + 1
+        for verdict, n in counts.items():
+            self.answer_claims.labels(verdict).inc(n)
+        self.answer_verifications.labels("supported" if check.supported else "unsupported").inc()
+
     def preset_segment_deletions(self, reasons: Iterable[str]) -> None:
         """Create ``retrieval_gate_audit_segments_deleted_total`` at 0 for each reason."""
         for reason in reasons:
@@ -339,6 +392,14 @@ class GateMetrics:
 
     def segment_deleted(self, reason: str) -> None:
         self.audit_segments_deleted.labels(reason).inc()
+
+    # CheckpointObserver protocol (sidecar.audit.checkpointing).
+    def checkpoint_written(self, at: float) -> None:
+        self.audit_checkpoints.inc()
+        self.audit_last_checkpoint.set(at)
+
+    def unsigned_since(self, at: float) -> None:
+        self.audit_oldest_unsigned.set(at)
 
     # CacheObserver protocol (sidecar.store.cache): keeps the cache free of Prometheus.
     def hit(self, n: int) -> None:

@@ -134,6 +134,11 @@ UPSTREAM_TOO_MANY_HITS = _refusal("upstream_too_many_hits", 502)
 # A non-2xx upstream answer on a filtered route: its text can quote documents.
 # The client keeps the upstream's status (``at_status``); 502 when it has none.
 UPSTREAM_ERROR = _refusal("upstream_error", 502, fixed=False)
+# The database failed the search because the collection has no field named by
+# ``tenant_key``, the field the gate pushed the tenant into: the gate's or the
+# collection's configuration, which names no data (every caller of the
+# collection gets it). 500: no client retries it (see GrpcStatus).
+TENANT_FIELD_MISSING = _refusal("tenant_field_missing", 500)
 AUDIT_UNAVAILABLE = _refusal("audit_unavailable", 500)
 # The gate itself.
 GATE_INTERNAL_ERROR = _refusal("gate_internal_error", 500)

@@ -1,8 +1,8 @@
 """The image's HEALTHCHECK: is the sidecar's gRPC server answering? Exit 0 if so, else 1.
 
 It calls ``grpc.health.v1.Health/Check`` (the standard gRPC health service) on
-``GATE_HEALTHCHECK_ADDRESS`` (default ``127.0.0.1:9001``, where the image's
-default ``serve`` command listens; ``unix:/path`` works too):
+``GATE_HEALTHCHECK_ADDRESS`` (default ``unix:/run/retrieval-gate/envoy.sock``,
+where the image's default ``serve`` command listens; ``host:port`` works too):
 
 - SERVING (the sidecar is ready): healthy;
 - anything else (NOT_SERVING while its metadata store is still to be reached
@@ -26,7 +26,7 @@ import sys
 
 import grpc
 
-DEFAULT_ADDRESS = "127.0.0.1:9001"
+DEFAULT_ADDRESS = "unix:/run/retrieval-gate/envoy.sock"
 TIMEOUT_SECONDS = 3.0
 _CHECK = "/grpc.health.v1.Health/Check"
 # HealthCheckResponse{status: SERVING}: field 1 (varint) = 1.

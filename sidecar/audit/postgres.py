@@ -39,6 +39,7 @@ import orjson
 import psycopg
 
 from sidecar.audit.chain import GENESIS, BrokenChain, ChainWalk
+from sidecar.audit.checkpoint_store import CheckpointShipper
 from sidecar.audit.jsonl import JsonlAuditSink, SpoolLimits, SpoolObserver
 from sidecar.audit.postgres_schema import CONNECT_TIMEOUT_SECONDS, AuditRow, ensure_schema
 from sidecar.audit.segments import first_record, last_line, offset_in, sealed_path
@@ -145,12 +146,17 @@ class PostgresAuditSink:
         flush_interval: float = 0.2,
         stop_timeout: float = 5.0,
         on_backlog: Callable[[int], None] | None = None,
+        checkpoints: Path | None = None,
     ) -> None:
         if batch_size < 1 or flush_interval <= 0 or stop_timeout < 0:
             raise ValueError("batch_size and flush_interval must be positive, stop_timeout >= 0")
         self._url = parse_postgres_url(dsn)
         self._spool = JsonlAuditSink(spool, limits, keep_until_shipped=True, observer=observer)
         self.chain_id = chain_id or default_chain_id(spool)
+        # The signed checkpoints file beside the spool, shipped after the records it signs.
+        self._checkpoints = (
+            None if checkpoints is None else CheckpointShipper(checkpoints, self.chain_id)
+        )
         self._batch_size = batch_size
         self._flush_interval = flush_interval
         self._stop_timeout = stop_timeout
@@ -184,6 +190,11 @@ class PostgresAuditSink:
     def backlog(self) -> int:
         """Spooled records not yet confirmed in PostgreSQL."""
         return self._spool.head[0] - self._confirmed
+
+    @property
+    def head(self) -> tuple[int, str]:
+        """(seq, sha256) of the spool's last record."""
+        return self._spool.head
 
     @property
     def oldest_unshipped(self) -> float:
@@ -283,6 +294,8 @@ class PostgresAuditSink:
             self._batches += 1
             self._segment, self._offset = segment, offset
             self._confirmed, self._confirmed_sha256 = rows[-1].seq, rows[-1].sha256
+        if self._checkpoints is not None:
+            self._checkpoints.ship(connection, self._confirmed)
         self._delete_shipped(connection)
 
     def _connect(self) -> psycopg.Connection[Any]:
@@ -323,6 +336,8 @@ class PostgresAuditSink:
             connection.close()
             raise
         self._connection = connection
+        if self._checkpoints is not None:
+            self._checkpoints.reconnected()
         self._segment, self._offset = segment, offset
         self._confirmed, self._confirmed_sha256 = seq, sha256
         return connection

@@ -37,15 +37,29 @@ def upstream_text(body: bytes) -> str:
 
 @dataclass(slots=True)
 class UpstreamError:
-    """A non-2xx answer of the upstream on a filtered route: its status and bounded text."""
+    """An error the upstream answered on a filtered route: its HTTP status, its own
+    code for the error, and its bounded text.
+
+    ``code`` is ``source:value``: ``http:<status>`` for a non-2xx answer,
+    ``grpc:<status>`` for a gRPC status, or the database's own code for an
+    error inside a successful answer (``milvus:1100``, ``weaviate:graphql``,
+    ``elasticsearch:<type>``; ``formats.base.ReportedError``).
+    """
 
     status: int
-    text: str  # upstream_text() of its body: never more than the first KiB
+    code: str
+    text: str  # upstream_text() of its body or message: never more than the first KiB
 
     @classmethod
-    def from_body(cls, status: int, body: bytes) -> UpstreamError:
-        """The record of an upstream answer with ``status`` and ``body`` (bounded here)."""
-        return cls(status, upstream_text(body))
+    def from_body(cls, status: int, body: bytes, code: str | None = None) -> UpstreamError:
+        """The record of an upstream answer with ``status`` and ``body`` (bounded here);
+        ``code`` defaults to ``http:<status>``."""
+        return cls(status, f"http:{status}" if code is None else code, upstream_text(body))
+
+    @classmethod
+    def from_text(cls, status: int, code: str, text: str) -> UpstreamError:
+        """The record of an error whose message is ``text`` (bounded here, as UTF-8)."""
+        return cls(status, code, upstream_text(text.encode("utf-8", "replace")))
 
 
 @dataclass(slots=True)
@@ -76,6 +90,10 @@ class Release:
     admitted: list[str | None] | None = None
     substituted: list[Substitution] = field(default_factory=list)
     refusal: str | None = None  # the error code when the client got no body
+    # Beside ``released``: the SHA-256 of the canonical text admitted for each
+    # released chunk (None for one released unadmitted, in audit mode). What
+    # answer verification checks an application's chunk texts against.
+    sha256: list[str | None] | None = None
 
 
 @dataclass(slots=True)
@@ -83,8 +101,10 @@ class AuditRecord:
     """One response's decision record (not frozen, like Release).
 
     ``verdict`` and ``release`` are None for a body the gate could not read
-    (or did not read: an upstream error); ``error`` then says why, and
-    ``upstream`` holds the upstream's status and error text. The verdict's
+    (or did not decide: an upstream error); ``error`` then says why, and
+    ``upstream`` holds the upstream's status, code and error text. A decided
+    body that also reported an error (a multi-search error item beside other
+    results) has both. The verdict's
     decisions become the record's ``candidates``, ``rejected`` (every reason,
     the malformed hit's detail, and the drift class of a HASH_MISMATCH when the
     store held the authoritative text) and ``admitted``.
@@ -126,6 +146,8 @@ class AuditRecord:
             if release.refusal is not None:
                 record["refusal"] = release.refusal
             record["released"] = release.released
+            if release.sha256 is not None:
+                record["released_sha256"] = release.sha256
             if release.admitted is not None:
                 record["admitted"] = release.admitted
             if release.substituted:
@@ -135,6 +157,7 @@ class AuditRecord:
             record["error"] = self.error
         if self.upstream is not None:
             record["upstream_status"] = self.upstream.status
+            record["upstream_code"] = self.upstream.code
             record["upstream_text"] = self.upstream.text
         return record
 

@@ -12,19 +12,27 @@ remaining record then links to a record no one can show. Verifying from there
 is *anchored*: the report says at which seq it starts and which prev_sha256
 it takes on trust (``first_seq``, ``anchor_sha256``); only an external copy of
 that digest (the table, a logged head) proves nothing before it was changed.
+
+Given public keys, each verifier also checks the chain against its signed
+checkpoints (``sidecar.audit.coverage``) as it walks it; the report then says
+what they showed (``signed``), or the first problem.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 import psycopg
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from sidecar.audit.chain import GENESIS, BrokenChain, ChainWalk
+from sidecar.audit.checkpoint_store import stored_checkpoints
+from sidecar.audit.checkpoints import Checkpoint
+from sidecar.audit.coverage import CheckpointCoverage, SignedSummary
 from sidecar.audit.postgres_schema import CONNECT_TIMEOUT_SECONDS, AuditRow
 from sidecar.postgres.dsn import parse_postgres_url
 
@@ -41,6 +49,7 @@ class ChainReport:
     first_seq: int = 1  # the first record verified
     # The prev_sha256 of that record: GENESIS, or an anchor taken on trust.
     anchor_sha256: str = GENESIS
+    signed: SignedSummary | None = None  # set when checkpoints were checked and cover it
 
     @property
     def anchored(self) -> bool:
@@ -53,13 +62,16 @@ def verify_chain(path: Path) -> ChainReport:
     return verify_segments([path])
 
 
-def verify_segments(paths: Sequence[Path], *, anchored: bool = False) -> ChainReport:
+def verify_segments(
+    paths: Sequence[Path], *, anchored: bool = False, coverage: CheckpointCoverage | None = None
+) -> ChainReport:
     """Check every link of audit files given in chain order, as one chain.
 
     From the chain's beginning (seq 1 after GENESIS) unless ``anchored``: then
     from the first record, whatever its seq, trusting its prev_sha256 (the
     report names both). Records are named ``line N`` in one file, ``FILE line
-    N: seq S`` across several.
+    N: seq S`` across several. With ``coverage``, every record is also checked
+    against the signed checkpoints.
     """
     one_file = len(paths) == 1
     skipped = 0  # records before the first line read (anchored): a line's number is seq - this
@@ -80,16 +92,29 @@ def verify_segments(paths: Sequence[Path], *, anchored: bool = False) -> ChainRe
                     skipped = walk.seq
                 first = (walk.seq + 1, walk.head)
             try:
-                walk.follow(line)
+                record = walk.follow(line)
             except BrokenChain as exc:
                 problem = str(exc) if one_file else f"{where}: {exc}"
                 if not anchored and walk.seq == 0 and _claimed_link(line)[0] > 0:
                     problem += _ANCHOR_HINT
                 return _broken(walk, first, problem)
+            if coverage is not None and (unsigned := coverage.add(record)) is not None:
+                return _broken(walk, first, _unsigned(unsigned))
+    if coverage is not None and (unsigned := coverage.problem or coverage.finish()) is not None:
+        return _broken(walk, first, _unsigned(unsigned))
     first_seq, anchor = first or (1, GENESIS)
     return ChainReport(
-        True, walk.seq - first_seq + 1, walk.head, first_seq=first_seq, anchor_sha256=anchor
+        True,
+        walk.seq - first_seq + 1,
+        walk.head,
+        first_seq=first_seq,
+        anchor_sha256=anchor,
+        signed=None if coverage is None else coverage.summary(),
     )
+
+
+def _unsigned(problem: str) -> str:
+    return f"checkpoints: {problem}"
 
 
 def _claimed_link(line: bytes) -> tuple[int, str]:
@@ -143,10 +168,11 @@ ORDER BY chain_id, seq
 class _TableChain:
     """Verifying one chain of ``audit_records``, row by row in seq order."""
 
-    def __init__(self, chain_id: str) -> None:
+    def __init__(self, chain_id: str, coverage: CheckpointCoverage | None = None) -> None:
         self.chain_id = chain_id
         self._walk = ChainWalk()
-        self._problem: str | None = None
+        self._coverage = coverage
+        self._problem = None if coverage is None else _signing_problem(coverage.problem)
 
     def add(self, stored: AuditRow) -> None:
         if self._problem is not None:
@@ -166,15 +192,25 @@ class _TableChain:
             self._problem = f"seq {stored.seq}: columns do not match the record (edited)"
             return
         self._walk.accept(record)
+        if self._coverage is not None:
+            self._problem = _signing_problem(self._coverage.add(record))
 
     def report(self) -> ChainReport:
+        coverage = self._coverage
+        if self._problem is None and coverage is not None:
+            self._problem = _signing_problem(coverage.finish())
         return ChainReport(
             self._problem is None,
             self._walk.seq,
             self._walk.head,
             self._problem,
             chain_id=self.chain_id,
+            signed=None if coverage is None or self._problem else coverage.summary(),
         )
+
+
+def _signing_problem(problem: str | None) -> str | None:
+    return None if problem is None else _unsigned(problem)
 
 
 def _stored_rows(
@@ -191,7 +227,11 @@ def _stored_rows(
             yield chain, AuditRow(seq, decision_id, at, sha256, prev_sha256, line)
 
 
-def verify_postgres_chain(dsn: str, chain_id: str | None = None) -> list[ChainReport]:
+def verify_postgres_chain(
+    dsn: str,
+    chain_id: str | None = None,
+    keys: Mapping[str, Ed25519PublicKey] | None = None,
+) -> list[ChainReport]:
     """Check every chain in ``audit_records`` (or only ``chain_id``), one report each.
 
     Like ``verify_chain``: seqs run from 1 without gaps, each row's digest
@@ -201,34 +241,52 @@ def verify_postgres_chain(dsn: str, chain_id: str | None = None) -> list[ChainRe
     against its spool or a logged head digest. Raises ValueError (password
     redacted) for a malformed URL and psycopg.Error when the table cannot be
     read; scrub the latter with ``parse_postgres_url(dsn).scrub`` before showing it.
+    With ``keys`` (by key id), each chain is checked against its checkpoints
+    in ``audit_checkpoints``.
     """
     url = parse_postgres_url(dsn)
     chains: dict[str, _TableChain] = {}
     with psycopg.connect(url.url, connect_timeout=CONNECT_TIMEOUT_SECONDS) as connection:
+        signed = {} if keys is None else stored_checkpoints(connection, chain_id)
         for chain, row in _stored_rows(connection, chain_id):
             table_chain = chains.get(chain)
             if table_chain is None:
-                table_chain = chains[chain] = _TableChain(chain)
+                coverage = (
+                    None if keys is None else CheckpointCoverage(signed.get(chain, ()), keys, chain)
+                )
+                table_chain = chains[chain] = _TableChain(chain, coverage)
             table_chain.add(row)
     if chain_id is not None and chain_id not in chains:
         return [ChainReport(False, 0, GENESIS, "no records for this chain", chain_id=chain_id)]
     return [table_chain.report() for table_chain in chains.values()]
 
 
-def verify_store_and_segments(dsn: str, chain_id: str, paths: Sequence[Path]) -> ChainReport:
+def verify_store_and_segments(
+    dsn: str,
+    chain_id: str,
+    paths: Sequence[Path],
+    keys: Mapping[str, Ed25519PublicKey] | None = None,
+    file_checkpoints: Sequence[Checkpoint] = (),
+) -> ChainReport:
     """Check one chain across its rows in ``audit_records`` and its audit files.
 
     The table is verified from the beginning as by ``verify_postgres_chain``;
     the files (in chain order) then continue it: a file record at a seq the
     table holds must be the table's record byte for byte, and the records
     after the table's last one must link on from it with no seq missing, in
-    the table or the files. Raises like ``verify_postgres_chain``.
+    the table or the files. Raises like ``verify_postgres_chain``. With
+    ``keys``, the chain is checked against the table's checkpoints and
+    ``file_checkpoints`` (those beside the files, not yet shipped) together.
     """
     url = parse_postgres_url(dsn)
     start = _first_seq(paths)
-    table = _TableChain(chain_id)
     overlap: dict[int, str] = {}  # the table's lines at seqs the files also hold
     with psycopg.connect(url.url, connect_timeout=CONNECT_TIMEOUT_SECONDS) as connection:
+        coverage = None
+        if keys is not None:
+            shipped = stored_checkpoints(connection, chain_id).get(chain_id, [])
+            coverage = CheckpointCoverage([*shipped, *file_checkpoints], keys, chain_id)
+        table = _TableChain(chain_id, coverage)
         for _, row in _stored_rows(connection, chain_id):
             table.add(row)
             if start is not None and row.seq >= start:
@@ -260,13 +318,24 @@ def verify_store_and_segments(dsn: str, chain_id: str, paths: Sequence[Path]) ->
                 )
             else:
                 try:
-                    walk.follow(line)
+                    record = walk.follow(line)
                 except BrokenChain as exc:
                     problem = f"{where}: {exc}"
+                else:
+                    if coverage is not None:
+                        problem = _signing_problem(coverage.add(record))
             if problem is not None:
                 return ChainReport(False, walk.seq, walk.head, problem, chain_id=chain_id)
             previous = seq
-    return ChainReport(True, walk.seq, walk.head, chain_id=chain_id)
+    if coverage is not None and (problem := _signing_problem(coverage.finish())) is not None:
+        return ChainReport(False, walk.seq, walk.head, problem, chain_id=chain_id)
+    return ChainReport(
+        True,
+        walk.seq,
+        walk.head,
+        chain_id=chain_id,
+        signed=None if coverage is None else coverage.summary(),
+    )
 
 
 def _first_seq(paths: Sequence[Path]) -> int | None:

@@ -1,7 +1,8 @@
 """The `retrieval-gate` command: one module per command group.
 
-``serve`` (serve, proxy), ``store``, ``audit``, ``policy``, ``explain`` and ``demo`` each add
-their parsers; the setting flags are generated in ``flags``; the exit codes are
+``serve`` (serve, proxy), ``check``, ``store``, ``audit``, ``policy``, ``explain``,
+``verify-answer`` and ``demo``
+each add their parsers; the setting flags are generated in ``flags``; the exit codes are
 shared (``exit_codes``).
 """
 
@@ -13,11 +14,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from sidecar.cli import audit, demo, explain, policy, serve, store
+from sidecar.cli import audit, check, demo, explain, policy, serve, store, verify_answer
 from sidecar.cli.exit_codes import ExitCode
 from sidecar.config import ConfigError
+from sidecar.runtime.channel import ListenError
 from sidecar.runtime.envoy_process import EnvoyError
-from sidecar.runtime.server import ListenError
 from sidecar.store.store import StoreUnavailable
 
 
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-    for group in (serve, store, audit, policy, explain, demo):
+    for group in (serve, check, store, audit, policy, explain, verify_answer, demo):
         group.add_parsers(commands)
     return parser
 

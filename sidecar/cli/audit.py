@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from sidecar.audit.checkpoints import (
+    Checkpoint,
+    CheckpointError,
+    checkpoints_path,
+    key_fingerprint,
+    load_public_key,
+    read_checkpoints,
+)
+from sidecar.audit.coverage import CheckpointCoverage
 from sidecar.audit.segments import in_chain_order, log_files
 from sidecar.audit.verify import (
     ChainReport,
@@ -29,7 +41,8 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments ``verify`` reads: FILE..., --store URL [--chain ID], --anchored."""
+    """The arguments ``verify`` reads: FILE..., --store URL [--chain ID], --anchored,
+    --public-key [ID=]FILE..."""
     parser.add_argument(
         "files",
         type=Path,
@@ -51,6 +64,16 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
         "retention or after shipping); the first record's prev_sha256 is then taken on "
         "trust and reported",
     )
+    parser.add_argument(
+        "--public-key",
+        action="append",
+        default=[],
+        metavar="[ID=]FILE",
+        help="Ed25519 public key (PEM) that signs checkpoints, repeatable (old and new key "
+        "while rotating); ID is the key id the gate was given (audit.checkpoint_key_id), "
+        "by default the key's fingerprint. Then every record must be covered by a valid "
+        "checkpoint",
+    )
 
 
 def verify(args: argparse.Namespace) -> int:
@@ -70,6 +93,10 @@ def verify(args: argparse.Namespace) -> int:
         return _usage("--anchored applies to FILEs alone: the table starts the chain")
     if given and store is not None and chain is None:
         return _usage("with FILEs and --store, name the files' chain with --chain")
+    try:
+        keys = _public_keys(args.public_key)
+    except ValueError as exc:
+        return _usage(str(exc))
     files: list[Path] = []
     for path in given:
         if path.is_dir():
@@ -78,10 +105,21 @@ def verify(args: argparse.Namespace) -> int:
         if not found:
             return _usage(f"no such audit log: {path}")
         files.extend(found)
+    beside = {checkpoints_path(_log_of(path)) for path in given}
+    found = [path for path in beside if path.exists()]
+    if keys is not None and len(found) > 1:
+        return _usage("with --public-key, give the files of one audit log (one checkpoints file)")
     try:
+        signed: list[Checkpoint] = read_checkpoints(found[0]) if keys and found else []
         files = in_chain_order(files)
         if store is None:
-            return _print_reports([verify_segments(files, anchored=args.anchored)])
+            coverage = None if keys is None else CheckpointCoverage(signed, keys)
+            return _print_reports(
+                [verify_segments(files, anchored=args.anchored, coverage=coverage)]
+            )
+    except CheckpointError as exc:
+        print(f"BROKEN: checkpoints: {exc}", file=sys.stderr)
+        return ExitCode.FAILED
     except OSError as exc:
         return _unreadable(exc)
     try:
@@ -91,9 +129,12 @@ def verify(args: argparse.Namespace) -> int:
     try:
         if files:
             assert chain is not None
-            reports = [verify_store_and_segments(url.url, chain, files)]
+            reports = [verify_store_and_segments(url.url, chain, files, keys, signed)]
         else:
-            reports = verify_postgres_chain(url.url, chain)
+            reports = verify_postgres_chain(url.url, chain, keys)
+    except CheckpointError as exc:
+        print(f"BROKEN: checkpoints: {exc}", file=sys.stderr)
+        return ExitCode.FAILED
     except OSError as exc:
         return _unreadable(exc)
     except psycopg.Error as exc:
@@ -124,6 +165,18 @@ def _print_reports(reports: list[ChainReport]) -> int:
                     f"{report.first_seq} are not in these files (compare the anchor with "
                     "the table or a logged head)"
                 )
+            signed = report.signed
+            if signed is None:
+                print(
+                    "  unsigned: no --public-key given, so no checkpoint was checked; the "
+                    "chain shows order and completeness, not who wrote it"
+                )
+            else:
+                print(
+                    f"  signed: {signed.checkpoints} checkpoints by "
+                    f"{', '.join(signed.key_ids)}, the last at seq {signed.last_seq}; "
+                    f"{signed.tail} records after it are within the signing interval"
+                )
         else:
             name = f" chain {report.chain_id}" if report.chain_id is not None else ""
             print(
@@ -131,6 +184,32 @@ def _print_reports(reports: list[ChainReport]) -> int:
                 file=sys.stderr,
             )
     return ExitCode.OK if all(report.ok for report in reports) else ExitCode.FAILED
+
+
+_SEALED = re.compile(r"(.+)\.\d{20}\.jsonl")
+
+
+def _log_of(path: Path) -> Path:
+    """The audit log a FILE belongs to: itself, or the log a sealed segment was rotated from."""
+    sealed = _SEALED.fullmatch(path.name)
+    return path.with_name(sealed[1]) if sealed else path
+
+
+def _public_keys(given: Sequence[str]) -> dict[str, Ed25519PublicKey] | None:
+    """The --public-key arguments by key id (None: none given); ValueError names a bad one."""
+    if not given:
+        return None
+    keys: dict[str, Ed25519PublicKey] = {}
+    for argument in given:
+        key_id, equals, name = argument.partition("=")
+        key = load_public_key(Path(name if equals else argument))
+        key_id = key_id if equals else key_fingerprint(key)
+        if not key_id:
+            raise ValueError(f"--public-key {argument}: the key id before = is empty")
+        if key_id in keys:
+            raise ValueError(f"--public-key: key id {key_id!r} given twice")
+        keys[key_id] = key
+    return keys
 
 
 def _unreadable(exc: OSError) -> int:

@@ -12,10 +12,12 @@ class ExitCode(IntEnum):
     FAILED (``sidecar.runtime.signals.STOPPED`` and ``DIED``).
     """
 
-    # Done: loaded, changed, every chain intact, every Rego test passed, stopped on request.
+    # Done: loaded, changed, every chain intact, every Rego test passed, nothing `check`
+    # found failed, stopped on request.
     OK = 0
     # Ran, and the answer is no: refused with nothing changed, a broken or unreadable
-    # audit chain, a failing Rego test, or a sidecar worker or Envoy that died.
+    # audit chain, a failing Rego test, a failed `check`, or a sidecar worker or Envoy
+    # that died.
     FAILED = 1
     # Could not run as given: bad settings or arguments, an unusable URL, a missing
     # file, an address already taken, no Envoy, the store unreachable at start.

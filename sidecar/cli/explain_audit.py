@@ -50,6 +50,7 @@ _RECORD_FIELDS = (
     "refusal",
     "error",
     "upstream_status",
+    "upstream_code",
 )
 # Shown per chunk, in the chain line, or (upstream_text) never.
 _NOT_IN_CONTEXT = frozenset(

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 
 from sidecar.cli.flags import add_setting_flags, settings_from_flags
-from sidecar.config import ConfigError, Settings
+from sidecar.config import ConfigError, ListenSettings, Settings
 from sidecar.runtime import event_loop
 from sidecar.runtime.addresses import (
     HostPort,
+    UnixSocket,
     parse_host_port,
     parse_http_url,
     parse_socket_address,
@@ -18,9 +19,12 @@ from sidecar.runtime.bootstrap import Upstream, check_upstream_credential
 from sidecar.runtime.envoy_process import DEFAULT_DRAIN_SECONDS
 from sidecar.runtime.jwks_relay import run_with_jwks_relay
 from sidecar.runtime.proxy import run_proxy
-from sidecar.runtime.server import serve_until_signalled
+from sidecar.runtime.server import load_checkpoint_key, serve_until_signalled
 from sidecar.runtime.workers import serve_workers_until_signalled
 from sidecar.store.open import require_created
+
+# Named in the error that refuses a TCP listen.grpc: the fix most deployments want.
+DEFAULT_GRPC_LISTEN = ListenSettings().grpc
 
 
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,21 +55,66 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def check_exposure(settings: Settings) -> None:
-    """ConfigError for a ``listen.grpc`` other hosts can reach without ``listen.expose_grpc``.
+    """ConfigError for a ``listen.grpc`` that a process other than Envoy may reach.
 
     Envoy's ext_proc and ext_authz streams carry no credential of their own: the
-    sidecar believes the caller that Envoy's ext_authz metadata names, so any peer
-    that reaches the listener is believed as Envoy.
+    sidecar believes the caller that Envoy's metadata names, so whoever opens a
+    stream is believed as Envoy. A unix socket admits the sidecar's user and the
+    socket's group (sidecar.runtime.channel); a TCP port, loopback included (every
+    process of the host reaches it), needs mTLS with a pinned client identity, or
+    ``listen.expose_grpc``.
     """
-    try:
-        address = parse_socket_address(settings.listen.grpc)
-    except ValueError:
-        return  # the server names the address it cannot listen on
-    if reachable_from_elsewhere(address) and not settings.listen.expose_grpc:
+    address = _address("listen.grpc", settings.listen.grpc)
+    listen = settings.listen
+    if isinstance(address, UnixSocket) or listen.grpc_mtls or listen.expose_grpc:
+        return
+    who = "other hosts" if reachable_from_elsewhere(address) else "every process of this host"
+    raise ConfigError(
+        f"listen.grpc {listen.grpc} is a TCP port {who} can reach, and whoever reaches it "
+        f"is believed as Envoy: listen on a unix socket ({DEFAULT_GRPC_LISTEN}, the "
+        "default), require Envoy's client certificate (listen.grpc_client_ca_file, "
+        "listen.grpc_client_id), or set listen.expose_grpc (--expose-grpc-listen) where "
+        "nothing but Envoy can connect"
+    )
+
+
+def check_gate_listener(settings: Settings) -> None:
+    """ConfigError for a ``listen.gate`` that cannot be checked or is ``listen.grpc``.
+
+    The Gate service's callers are applications, which must never reach Envoy's
+    listener: there a stream names its own caller.
+    """
+    if settings.listen.gate is None:
+        return
+    gate = _address("listen.gate", settings.listen.gate)
+    if gate == _address("listen.grpc", settings.listen.grpc):
         raise ConfigError(
-            f"listen.grpc {settings.listen.grpc} can be reached from other hosts, and whoever "
-            "reaches it is believed as Envoy: listen on loopback or a unix socket, or set "
-            "listen.expose_grpc (--expose-grpc-listen) where a network policy admits Envoy alone"
+            f"listen.gate {settings.listen.gate} is listen.grpc: applications that call "
+            "Gate/Filter must not reach Envoy's listener, give the Gate service an address "
+            "of its own (--gate-listen)"
+        )
+
+
+def _address(name: str, value: str) -> HostPort | UnixSocket:
+    try:
+        return parse_socket_address(value)
+    except ValueError:
+        # gRPC binds spellings this parser does not read ("0.0.0.0", "0.0.0.0:+9001",
+        # "0.0.0.0: 9001"), on every interface: what cannot be checked is refused.
+        raise ConfigError(
+            f"{name} {value!r} is not an address the gate can check: "
+            "write host:port ([v6]:port) or unix:/path"
+        ) from None
+
+
+def check_proxy_channel(settings: Settings) -> None:
+    """ConfigError for mTLS settings of ``listen.grpc`` given to `proxy`: its own Envoy
+    reaches the sidecar over a private unix socket and holds no client certificate."""
+    if settings.listen.grpc_mtls:
+        raise ConfigError(
+            "listen.grpc_client_ca_file is for serve: proxy's own Envoy reaches the sidecar "
+            "over a private unix socket and holds no client certificate; remove the "
+            "listen.grpc_* TLS settings"
         )
 
 
@@ -114,8 +163,11 @@ def serve(args: argparse.Namespace) -> int:
     """Serve ext_proc and ext_authz until SIGINT or SIGTERM; 1 when a worker died."""
     settings = settings_from_flags(args)
     check_exposure(settings)
+    check_gate_listener(settings)
     check_plain_http(settings)
     check_no_upstream_credential(settings)
+    # Before any worker starts: a bad key is a start-up error, not a worker's death.
+    load_checkpoint_key(settings)
     # Here, not in each worker: one line and exit 2 rather than every worker dying.
     require_created(settings.store.url)
     run = serve_until_signalled if settings.listen.workers == 1 else serve_workers_until_signalled
@@ -130,10 +182,14 @@ def proxy(args: argparse.Namespace) -> int:
     socket (a ``listen.grpc`` in the file does not count: no one else needs it).
     """
     settings = settings_from_flags(args)
-    check_exposure(settings)
+    if args.grpc_listen is not None:  # otherwise a private unix socket
+        check_exposure(settings)
+    check_gate_listener(settings)
+    check_proxy_channel(settings)
     check_plain_http(settings)
     # Before anything starts: Envoy would refuse a missing file only once the sidecar runs.
     check_upstream_credential(settings)
+    load_checkpoint_key(settings)
     try:
         listen = parse_host_port(args.listen)
         upstream = Upstream.parse(args.upstream)

@@ -103,6 +103,18 @@ def _retention(settings: Settings) -> Iterator[str]:
         )
 
 
+@_reads("audit.checkpoint_key_file", "audit.checkpoint_key_id", "audit.log")
+def _checkpoints(settings: Settings) -> Iterator[str]:
+    audit = settings.audit
+    if audit.checkpoint_key_file is not None and audit.log is None:
+        yield (
+            "audit.checkpoint_key_file needs audit.log (--audit-log): checkpoints sign "
+            "the chain written there"
+        )
+    if audit.checkpoint_key_id is not None and audit.checkpoint_key_file is None:
+        yield "audit.checkpoint_key_id needs audit.checkpoint_key_file (--checkpoint-key-file)"
+
+
 def _is_postgres_url(url: str) -> bool:
     return url.partition("://")[0].lower() in POSTGRES_SCHEMES
 
@@ -209,4 +221,41 @@ def _upstream_credential(settings: Settings) -> Iterator[str]:
             "(--upstream-credential-header): the header the database reads it from, e.g. "
             "api-key (Qdrant) or authorization with upstream.credential_prefix 'ApiKey ' "
             "(Elasticsearch)"
+        )
+
+
+_CHANNEL_TLS = (
+    "listen.grpc_cert_file",
+    "listen.grpc_key_file",
+    "listen.grpc_client_ca_file",
+    "listen.grpc_client_id",
+)
+
+
+@_reads(*_CHANNEL_TLS)
+def _channel_tls(settings: Settings) -> Iterator[str]:
+    # Half of mTLS is no authentication: a server certificate without a client CA
+    # lets any peer in, a CA without a pinned identity lets any certificate of it in.
+    listen = settings.listen
+    given = [
+        path
+        for path, value in zip(
+            _CHANNEL_TLS,
+            (
+                listen.grpc_cert_file,
+                listen.grpc_key_file,
+                listen.grpc_client_ca_file,
+                listen.grpc_client_id,
+            ),
+            strict=True,
+        )
+        if value is not None
+    ]
+    if given and len(given) != len(_CHANNEL_TLS):
+        missing = [path for path in _CHANNEL_TLS if path not in given]
+        flags = ", ".join("--" + path.partition(".")[2].replace("_", "-") for path in missing)
+        yield (
+            f"{given[0]} needs {', '.join(missing)} ({flags}): mTLS on listen.grpc takes the "
+            "sidecar's certificate and key, the CA Envoy's certificate chains to, and the "
+            "identity it must name"
         )

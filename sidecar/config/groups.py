@@ -92,6 +92,7 @@ def _workloads(value: Any) -> dict[str, dict[str, Any]]:
 
 
 _MTLS = "(proxy: Envoy terminates mTLS on its listener with all three)"
+_CHANNEL = "(serve; all four or none)"
 
 
 @dataclass(frozen=True)
@@ -99,17 +100,42 @@ class ListenSettings(Group, group="listen"):
     """Where and how the sidecar serves Envoy."""
 
     grpc: str = setting(
-        "127.0.0.1:9001",
+        "unix:/run/retrieval-gate/envoy.sock",
         name="grpc_listen",
-        help="sidecar address, host:port or unix:/path (proxy: a private unix socket "
+        help="where Envoy reaches the sidecar (ext_proc, ext_authz): unix:/path (the socket "
+        "is made mode 0660, for the sidecar's user and group), or host:port with "
+        "listen.grpc_client_ca_file or listen.expose_grpc (proxy: a private unix socket "
         "unless this flag is given)",
     )
     expose_grpc: bool = setting(
         False,
         name="expose_grpc_listen",
-        help="allow listen.grpc on an address other hosts can reach: whoever reaches it is "
-        "believed as Envoy (the caller it names, the bodies it sends), so only where a "
-        "network policy admits Envoy alone",
+        help="allow a TCP listen.grpc without mTLS: whoever reaches it (on loopback, any "
+        "process of this host) is believed as Envoy (the caller it names, the bodies it "
+        "sends), so only where nothing but Envoy can connect",
+    )
+    # mTLS on a TCP listen.grpc: Envoy's client certificate must chain to the CA
+    # and name grpc_client_id; checked on every call (runtime/channel.py).
+    grpc_cert_file: Path | None = setting(
+        None, help=f"the sidecar's certificate chain, PEM, for mTLS on listen.grpc {_CHANNEL}"
+    )
+    grpc_key_file: Path | None = setting(
+        None, help=f"the sidecar's private key, PEM, for mTLS on listen.grpc {_CHANNEL}"
+    )
+    grpc_client_ca_file: Path | None = setting(
+        None, help=f"CA bundle, PEM, that Envoy's client certificate must chain to {_CHANNEL}"
+    )
+    grpc_client_id: str | None = setting(
+        None,
+        check=_non_empty,
+        help="the one identity Envoy's client certificate must name in a SAN (a SPIFFE id "
+        f"or a DNS name); any other is refused on every call {_CHANNEL}",
+    )
+    gate: str | None = setting(
+        None,
+        name="gate_listen",
+        help="where the sidecar serves retrieval_gate.v1.Gate/Filter to applications, "
+        "host:port or unix:/path, never on listen.grpc; none: not served",
     )
     # With N > 1 each worker listens on its own address
     # (sidecar.runtime.workers.worker_addresses) and Envoy balances across them.
@@ -156,6 +182,12 @@ class ListenSettings(Group, group="listen"):
         minimum=1,
         help="proxy: the most HTTP/2 streams (gRPC calls) one client connection may have open",
     )
+
+    @property
+    def grpc_mtls(self) -> bool:
+        """True when Envoy must present a client certificate on listen.grpc (all four
+        grpc_* TLS settings are given: sidecar.config.checks)."""
+        return self.grpc_client_ca_file is not None
 
     @property
     def grpc_max_message_bytes(self) -> int:
@@ -361,8 +393,10 @@ class CacheSettings(Group, group="cache"):
         30.0, name="cache_ttl_seconds", above=0, help="how long a looked-up record is trusted"
     )
     size: int = setting(100_000, name="cache_size", minimum=1, help="records held in the cache")
+    # As long as a found record by default: an absence forgotten sooner would make
+    # the time of a lookup tell an existing record from a missing one.
     negative_ttl_seconds: float = setting(
-        5.0,
+        30.0,
         name="negative_cache_ttl_seconds",
         above=0,
         help='how long "no such record" is remembered',
@@ -437,6 +471,36 @@ class AuditSettings(Group, group="audit"):
         minimum=0,
         help="without audit.store: delete sealed segments whose last record is older "
         "(0: keep them)",
+    )
+    # A line for people and log pipelines beside the record for auditors; it
+    # carries codes and counts only, so it may go wherever logs go.
+    log_decisions: bool = setting(
+        False,
+        help="log one INFO line per decision (logger sidecar.decisions): decision id, route, "
+        "format, outcome, codes, counts and latency, never a text",
+    )
+    # Signed checkpoints (sidecar.audit.checkpoints): the chain proves order,
+    # a signature by a key its writers do not hold proves origin.
+    checkpoint_key_file: Path | None = setting(
+        None,
+        help="Ed25519 private key (PEM file) that signs checkpoints of the audit chain's head "
+        "into <audit.log>.checkpoints.jsonl",
+        default_text="off (the chain is unsigned)",
+    )
+    checkpoint_key_id: str | None = setting(
+        None,
+        check=_non_empty,
+        help="the key id every checkpoint names, for verifiers holding several keys "
+        "(default: ed25519: and the public key's fingerprint)",
+        default_text="key fingerprint",
+    )
+    checkpoint_every_records: int = setting(
+        1000, minimum=1, help="sign a checkpoint once this many records are unsigned"
+    )
+    checkpoint_every_seconds: float = setting(
+        60.0,
+        minimum=1,
+        help="sign a checkpoint this long after the first unsigned record was written",
     )
 
 

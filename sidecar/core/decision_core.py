@@ -17,17 +17,18 @@ checks run for every candidate of every response.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
+from functools import lru_cache
 from hashlib import sha256
 
 from sidecar.core.caller import Caller
-from sidecar.core.chunk_record import ChunkRecord
+from sidecar.core.chunk_record import ChunkRecord, Status
 from sidecar.core.decision import ChunkDecision, Verdict
 from sidecar.core.drift import classify
 from sidecar.core.hits import Candidate
 from sidecar.core.integrity import canonical_sha256, fields_sha256
 from sidecar.core.policy import PolicyEngine, PolicyError, policy_input, to_epoch_ns
-from sidecar.core.reasons import Reason, ReasonOrder
+from sidecar.core.reasons import Reason, ReasonOrder, may_read
 from sidecar.core.verdict_cache import CallerKey, VerdictCache
 
 # Verdict cache entries by default: one per (caller, chunk record) pair.
@@ -75,6 +76,9 @@ class DecisionCore:
         self._policy = policy
         self._order = order or ReasonOrder()
         self._canonical_reasons: dict[tuple[str, ...], tuple[str, ...]] = {}
+        # The policy's reasons with the integrity checks' results folded in, per
+        # distinct (reasons, text intact, fields intact, signed): a handful.
+        self._reasons_with_integrity: dict[_IntegrityKey, tuple[str, ...]] = {}
         cacheable = policy.time_pure
         self._verdicts = (
             VerdictCache(verdict_cache_size) if cacheable and verdict_cache_size else None
@@ -113,14 +117,16 @@ class DecisionCore:
             raise ValueError("now must be timezone-aware")
         version = self._policy.version
 
-        # Policy input is per unique record: batch responses repeat chunks.
+        # Policy input is per unique record: batch responses repeat chunks. An id
+        # without a record is evaluated and hashed against a decoy, so that the
+        # time a decision takes does not say whether a record the caller may not
+        # read exists (Gate/Filter answers both as an unknown id).
         to_evaluate: dict[str, ChunkRecord] = {}
         for candidate in candidates:
             chunk_id = candidate.chunk_id
-            if chunk_id is not None and candidate.text is not None:
+            if chunk_id is not None and candidate.text is not None and chunk_id not in unavailable:
                 record = records.get(chunk_id)
-                if record is not None and chunk_id not in unavailable:
-                    to_evaluate[chunk_id] = record
+                to_evaluate[chunk_id] = _decoy(chunk_id) if record is None else record
 
         # Reasons from the policy per chunk id, in canonical order; None: the policy failed.
         policy_reasons: dict[str, tuple[str, ...]] | None = {}
@@ -128,7 +134,7 @@ class DecisionCore:
         if to_evaluate:
             policy_reasons, cached = self._policy_reasons(caller, to_evaluate, version, now)
 
-        order = self._order
+        with_integrity = self._reasons_with_integrity
         decisions = []
         for candidate in candidates:
             position = candidate.position
@@ -142,10 +148,7 @@ class DecisionCore:
             if chunk_id in unavailable:
                 decisions.append(ChunkDecision(position, chunk_id, _UNAVAILABLE))
                 continue
-            record = to_evaluate.get(chunk_id)
-            if record is None:
-                decisions.append(ChunkDecision(position, chunk_id, _MISSING))
-                continue
+            record = to_evaluate[chunk_id]
             reasons = _POLICY_ERROR if policy_reasons is None else policy_reasons[chunk_id]
             # Integrity and signature depend on the returned hit and the
             # store's answer: checked for every candidate, never cached.
@@ -158,28 +161,29 @@ class DecisionCore:
             fields = candidate.fields
             fields_intact = fields is None or _fields_match(fields, record.payload_sha256)
             signed = record.signature_valid or not record.requires_signature
-            if intact and fields_intact and signed:
-                decisions.append(ChunkDecision(position, chunk_id, reasons))
-                continue
-            extra = [] if intact else [Reason.HASH_MISMATCH]
-            if not fields_intact:
-                extra.append(Reason.PAYLOAD_HASH_MISMATCH)
-            if not signed:
-                extra.append(Reason.SIGNATURE_MISSING)
+            # One dict lookup whatever failed: sorting the reasons only for a
+            # mismatching text took long enough to tell a caller whether its
+            # guess of a record it may not read was that record's text.
+            key = (reasons, intact, fields_intact, signed)
+            combined = with_integrity.get(key)
+            if combined is None:
+                combined = self._with_integrity(key)
             unvouched = not fields_intact and record.payload_sha256 is None
             # The record's text, when it holds one, says what kind of change
-            # the index made (bounded work, only for mismatching chunks).
+            # the index made (bounded work, only for mismatching chunks). Not
+            # for a record the caller may not read: the time it takes would
+            # tell that caller the record exists and its text differs.
             authoritative = record.text
-            drift = None if intact or authoritative is None else classify(authoritative, text)
-            decisions.append(
-                ChunkDecision(
-                    position,
-                    chunk_id,
-                    order.sort([*reasons, *extra]),
-                    _NO_PAYLOAD_HASH if unvouched else None,
-                    drift,
-                )
+            drift = (
+                None
+                if intact or authoritative is None or not may_read(reasons)
+                else classify(authoritative, text)
             )
+            if chunk_id not in records:  # the work above was done against a decoy
+                decisions.append(ChunkDecision(position, chunk_id, _MISSING))
+            else:
+                note = _NO_PAYLOAD_HASH if unvouched else None
+                decisions.append(ChunkDecision(position, chunk_id, combined, note, drift))
         return Verdict(
             decisions=tuple(decisions),
             policy_version=version,
@@ -228,6 +232,21 @@ class DecisionCore:
                 verdicts.put(caller_key, missing[chunk_id], now_ns, boundaries, reasons)
         return found, len(records) - len(missing)
 
+    def _with_integrity(self, key: _IntegrityKey) -> tuple[str, ...]:
+        """The reasons of ``key`` with those of its failed integrity checks, remembered."""
+        reasons, intact, fields_intact, signed = key
+        extra = [] if intact else [Reason.HASH_MISMATCH]
+        if not fields_intact:
+            extra.append(Reason.PAYLOAD_HASH_MISMATCH)
+        if not signed:
+            extra.append(Reason.SIGNATURE_MISSING)
+        combined = self._order.sort([*reasons, *extra]) if extra else reasons
+        kept = self._reasons_with_integrity
+        if len(kept) >= _CANONICAL_KEPT:
+            kept.clear()
+        kept[key] = combined
+        return combined
+
     def _canonical(self, raw: Sequence[str]) -> tuple[str, ...]:
         """The policy's reasons for one chunk in canonical order, undeclared ones
         as POLICY_DENY; remembered per distinct answer (a handful in practice)."""
@@ -242,11 +261,39 @@ class DecisionCore:
         return reasons
 
 
+# (policy reasons, text intact, payload fields intact, signature present or not needed)
+_IntegrityKey = tuple[tuple[str, ...], bool, bool, bool]
 # Distinct policy answers remembered with their canonical form.
 _CANONICAL_KEPT = 1024
 
 _UNAVAILABLE: tuple[str, ...] = (Reason.METADATA_UNAVAILABLE,)
 _MISSING: tuple[str, ...] = (Reason.MISSING_METADATA,)
 _POLICY_ERROR: tuple[str, ...] = (Reason.POLICY_ERROR,)
+# The tenant of a decoy. Whatever the policy answers for a decoy, the id is
+# answered as missing: this value only has to look like any other tenant.
+_DECOY_TENANT = "no record"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@lru_cache(maxsize=DEFAULT_VERDICT_CACHE_SIZE)
+def _decoy(chunk_id: str) -> ChunkRecord:
+    """What an id without a record is evaluated and hashed against, then answered as missing.
+
+    The same object per id while it is remembered, as the metadata cache hands
+    out the same record: the verdict cache then finds both alike.
+    """
+    return ChunkRecord(
+        chunk_id=chunk_id,
+        doc_id=chunk_id,
+        version="",
+        tenant_id=_DECOY_TENANT,
+        allowed_principals=(),
+        status=Status.APPROVED,
+        effective_at=_EPOCH,
+        expires_at=None,
+        sha256="0" * 64,
+    )
+
+
 # The audit detail of PAYLOAD_HASH_MISMATCH when the record has no payload hash.
 _NO_PAYLOAD_HASH = "record has no payload_sha256"

@@ -18,8 +18,12 @@ class RouteKind(StrEnum):
     """
 
     FILTERED = "filtered"  # responses carry hits that the adapter filters
-    READ = "read"  # reads that return no chunk content (counts, schemas, health)
-    CONTENT = "content"  # returns chunk content the gate cannot filter (exports, snapshots)
+    # Reads that return no chunk content and count or name no stored object
+    # (schemas, collection names, states, health).
+    READ = "read"
+    # Returns chunk content, or counts or names stored objects, where the gate
+    # cannot filter it (exports, snapshots, statistics, import descriptions).
+    CONTENT = "content"
     WRITE = "write"  # changes the database
 
 

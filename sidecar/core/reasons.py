@@ -31,6 +31,36 @@ class Reason(StrEnum):
 
 BUILTIN_ORDER: tuple[str, ...] = tuple(reason.value for reason in Reason)
 
+# Reasons that leave the caller's right to read the record proven (or are about
+# the candidate, or the store, not a record): about the id sent (malformed, no
+# such record), the store's availability, and the state and integrity of a
+# record its tenant and principals may read. Any other reason leaves that right
+# unproven: TENANT_MISMATCH and PRINCIPAL_MISMATCH deny it, POLICY_ERROR means
+# the policy did not decide, and POLICY_DENY or an operator's custom reason may
+# be about entitlement too.
+READ_RIGHT_PROVEN: frozenset[str] = frozenset(
+    reason.value
+    for reason in (
+        Reason.MALFORMED_CHUNK,
+        Reason.MISSING_METADATA,
+        Reason.METADATA_UNAVAILABLE,
+        Reason.STATUS_DRAFT,
+        Reason.STATUS_SUPERSEDED,
+        Reason.STATUS_REVOKED,
+        Reason.STATUS_QUARANTINED,
+        Reason.NOT_YET_EFFECTIVE,
+        Reason.EXPIRED,
+        Reason.HASH_MISMATCH,
+        Reason.PAYLOAD_HASH_MISMATCH,
+        Reason.SIGNATURE_MISSING,
+    )
+)
+
+
+def may_read(reasons: Iterable[str]) -> bool:
+    """True when none of ``reasons`` leaves the caller's right to the record unproven."""
+    return all(reason in READ_RIGHT_PROVEN for reason in reasons)
+
 
 class ReasonOrder:
     """Ranks built-in and operator-declared reasons.

@@ -8,19 +8,12 @@ import urllib.request
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from sidecar.audit.verify import verify_chain
-from sidecar.config import (
-    AuditSettings,
-    FilterSettings,
-    IdentityMode,
-    IdentitySettings,
-    Settings,
-    StoreSettings,
-    TelemetrySettings,
-)
+from sidecar.config import IdentityMode, load_settings
 from sidecar.core.integrity import canonical_sha256
 from sidecar.demo.upstream import CannedResponse, FixtureUpstream
 from sidecar.runtime.addresses import HostPort
@@ -132,30 +125,46 @@ def _report(audit_log: Path, decision_id: str, body: bytes) -> None:
         print(f"  rejected  {rejected['chunk_id']:<14} {', '.join(rejected['reasons'])}")
 
 
+def demo_corpus() -> list[DemoChunk]:
+    """The demo's chunks, dated from now."""
+    return _corpus(datetime.now(UTC))
+
+
+def write_demo_store(workdir: Path, corpus: list[DemoChunk]) -> str:
+    """A SQLite store in ``workdir`` holding the records of ``corpus``; its URL."""
+    chunks_file = workdir / "chunks.jsonl"
+    chunks_file.write_bytes(b"\n".join(_record_line(c) for c in corpus if c.in_store) + b"\n")
+    store_url = f"sqlite:///{workdir / 'gate.db'}"
+    migrate(workdir / "gate.db")  # `store migrate`: only it creates a store
+    store = open_store(store_url)
+    store.upsert(load_jsonl(chunks_file))
+    store.close()
+    return store_url
+
+
+def demo_settings(store_url: str, audit_log: Path, metrics: str) -> dict[str, Any]:
+    """The demo's settings, by flat name (as ``load_settings`` takes them)."""
+    return {
+        "identity": IdentityMode.TRUSTED_HEADERS.value,
+        "store": store_url,
+        "id_field": "chunk_id",
+        "audit_log": str(audit_log),
+        "metrics": metrics,
+    }
+
+
 async def run_demo() -> int:
     """Run the demo end to end and print what each caller received; 0 on success."""
-    now = datetime.now(UTC)
-    corpus = _corpus(now)
+    corpus = demo_corpus()
     with tempfile.TemporaryDirectory(prefix="retrieval-gate-demo-") as tmp:
         workdir = Path(tmp)
-        chunks_file = workdir / "chunks.jsonl"
-        chunks_file.write_bytes(b"\n".join(_record_line(c) for c in corpus if c.in_store) + b"\n")
-        store_url = f"sqlite:///{workdir / 'gate.db'}"
-        migrate(workdir / "gate.db")  # `store migrate`: only it creates a store
-        store = open_store(store_url)
-        store.upsert(load_jsonl(chunks_file))
-        store.close()
-
+        store_url = write_demo_store(workdir, corpus)
         upstream = FixtureUpstream().start()
         upstream.respond("POST", SEARCH_PATH, CannedResponse(_search_body(corpus)))
         audit_log = workdir / "decisions.jsonl"
         metrics_port = free_port()
-        settings = Settings(
-            identity=IdentitySettings(mode=IdentityMode.TRUSTED_HEADERS),
-            store=StoreSettings(url=store_url),
-            filter=FilterSettings(id_field="chunk_id"),
-            audit=AuditSettings(log=audit_log),
-            telemetry=TelemetrySettings(metrics=f"127.0.0.1:{metrics_port}"),
+        settings = load_settings(
+            None, demo_settings(store_url, audit_log, f"127.0.0.1:{metrics_port}")
         )
         listen = HostPort("127.0.0.1", free_port())
         stop = asyncio.Event()

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from sidecar.core.decision import ChunkDecision
 from sidecar.core.hits import Candidate, Replacement
-from sidecar.core.reasons import Reason
+from sidecar.core.reasons import Reason, may_read
+from sidecar.formats.base import ReportedError
 from sidecar.refusals import Refusal
 
 
@@ -22,6 +23,11 @@ class CandidateList:
     """A ``ParsedBody`` of bare candidates: one sub-result, rendered as nothing."""
 
     candidates: Sequence[Candidate]
+
+    @property
+    def reported_error(self) -> ReportedError | None:
+        """None: no database answered; the application sent the candidates."""
+        return None
 
     def render(
         self,
@@ -55,29 +61,6 @@ class CandidatesAnswer:
     released: frozenset[int] = frozenset()
 
 
-# What a caller may be told as decided: reasons about the candidate it sent (no
-# id, no such record), about the store's availability, and about the state and
-# integrity of a record its tenant and principals may read. Any other reason
-# leaves the caller's right to the record unproven: TENANT_MISMATCH and
-# PRINCIPAL_MISMATCH deny it, POLICY_ERROR means the policy did not decide, and
-# POLICY_DENY or an operator's custom reason may be about entitlement too.
-_TOLD: frozenset[str] = frozenset(
-    reason.value
-    for reason in (
-        Reason.MALFORMED_CHUNK,
-        Reason.MISSING_METADATA,
-        Reason.METADATA_UNAVAILABLE,
-        Reason.STATUS_DRAFT,
-        Reason.STATUS_SUPERSEDED,
-        Reason.STATUS_REVOKED,
-        Reason.STATUS_QUARANTINED,
-        Reason.NOT_YET_EFFECTIVE,
-        Reason.EXPIRED,
-        Reason.HASH_MISMATCH,
-        Reason.PAYLOAD_HASH_MISMATCH,
-        Reason.SIGNATURE_MISSING,
-    )
-)
 _UNKNOWN_ID: tuple[str, ...] = (Reason.MISSING_METADATA.value,)
 
 
@@ -90,6 +73,6 @@ def told_reasons(reasons: tuple[str, ...]) -> tuple[str, ...]:
     would each leak what the gate withholds. All the reasons are replaced,
     not only the one that proves it: the others were computed from the record.
     """
-    if all(reason in _TOLD for reason in reasons):
+    if may_read(reasons):
         return reasons
     return _UNKNOWN_ID

@@ -48,6 +48,11 @@ class Decided:
 
     verdict: Verdict
     replacements: Mapping[int, Replacement]
+    # The SHA-256 of the text the gate admitted at each kept position (the
+    # record's, which the candidate's matched; a substitute's own record's):
+    # the audit record keeps them, so that an answer's citations can be checked
+    # against the very texts released (sidecar.core.answer_check).
+    hashes: Mapping[int, str] = field(default_factory=dict)
     # Positions that may go out: the admitted ones and the substituted ones.
     kept: frozenset[int] = field(init=False)
 
@@ -83,10 +88,16 @@ class Decider:
             span.answered(len(lookup.records), len(lookup.unavailable))
         now = self._clock()
         verdict = await self._decide(caller, candidates, lookup, now)
+        records = lookup.records
+        hashes = {
+            d.position: record.sha256
+            for d in verdict.decisions
+            if d.admitted and (record := records.get(d.chunk_id or "")) is not None
+        }
         replacements: dict[int, Replacement] = {}
         if substitute:
-            replacements = await self._successors(caller, verdict, lookup.records, now)
-        return Decided(verdict, replacements)
+            replacements = await self._successors(caller, verdict, records, now, hashes)
+        return Decided(verdict, replacements, hashes)
 
     async def _lookup(self, ids: set[str]) -> Lookup:
         """``fetch_partial(ids)``, in slices of ``_LOOKUP_SLICE`` ids for a large body."""
@@ -139,11 +150,13 @@ class Decider:
         verdict: Verdict,
         records: Mapping[str, ChunkRecord],
         now: datetime,
+        hashes: dict[int, str],
     ) -> dict[int, Replacement]:
         """Successors that take the place of superseded chunks, where they pass every check.
 
         A chunk qualifies only when superseded (and perhaps expired with it) is
         all that is wrong with it; the successor's text comes from the store.
+        Each successor's record hash goes into ``hashes`` at its position.
         """
         wanted: dict[int, str] = {}
         for decision in verdict.decisions:
@@ -165,8 +178,9 @@ class Decider:
             if chunk_id in lookup.records
         ]
         decided = self._core.decide(caller, successors, lookup.records, lookup.unavailable, now)
-        return {
-            d.position: Replacement(d.chunk_id, text)
-            for d, candidate in zip(decided.decisions, successors, strict=True)
-            if d.admitted and d.chunk_id is not None and (text := candidate.text) is not None
-        }
+        replacements: dict[int, Replacement] = {}
+        for d, candidate in zip(decided.decisions, successors, strict=True):
+            if d.admitted and d.chunk_id is not None and (text := candidate.text) is not None:
+                replacements[d.position] = Replacement(d.chunk_id, text)
+                hashes[d.position] = lookup.records[d.chunk_id].sha256
+        return replacements

@@ -2,6 +2,9 @@
 
 A decision that cannot be recorded is not released: the audit write comes
 first and its failure turns the answer into an error (``audit_unavailable``).
+With ``audit.log_decisions`` each record written is also one INFO line on the
+``sidecar.decisions`` logger: ids, route, codes, counts and latency, never a
+text (chunk, query or upstream error).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from sidecar.audit.record import AuditRecord, Release, Substitution, UpstreamErr
 from sidecar.audit.sink import AuditError, AuditSink
 from sidecar.core.caller import Caller
 from sidecar.core.decision import Verdict
+from sidecar.core.hits import Route
 from sidecar.core.modes import Mode
 from sidecar.core.outcome import Outcome
 from sidecar.core.reasons import Reason
@@ -25,6 +29,8 @@ from sidecar.metrics import ADMITTED_REASON, UPSTREAM_ERROR_OUTCOME, GateMetrics
 from sidecar.refusals import code_of
 
 log = logging.getLogger(__name__)
+# Its own logger, so that operators can route or silence the per-decision lines.
+decision_log = logging.getLogger("sidecar.decisions")
 
 _ADMITTED = ("admitted", ADMITTED_REASON)
 # Principal-set digests remembered for audit records (a few hundred bytes each).
@@ -42,6 +48,7 @@ class ResponseFacts:
     request_id: str
     caller: Caller
     format_name: str
+    route: Route
     mode: Mode
     started: float  # time.perf_counter() when the body arrived
     collection: str  # the metrics' collection label (GateMetrics.collection_label)
@@ -57,15 +64,18 @@ class Recorder:
         clock: Callable[[], datetime],
         *,
         verdict_cache_on: bool,
+        log_decisions: bool = False,
     ) -> None:
         """``clock`` dates each record (timezone-aware, as the decision core's is).
 
         ``verdict_cache_on``: count verdict-cache misses (only meaningful with a cache).
+        ``log_decisions``: log one line per record written (``decision_log``).
         """
         self._audit = audit
         self._metrics = metrics
         self._clock = clock
         self._verdict_cache_on = verdict_cache_on
+        self._log_decisions = log_decisions
         self._digests: dict[frozenset[str], str] = {}
 
     def decided(
@@ -76,9 +86,11 @@ class Recorder:
         *,
         tenant_filter: bool,
         overfetched: bool,
+        upstream: UpstreamError | None = None,
     ) -> None:
         """Record and count a decided response; raises AuditError if it could not be recorded.
 
+        ``upstream``: the error the body reported beside its hits, if any.
         Nothing is counted for a response whose record was not written: the
         caller answers with an error, which ``unrecorded`` counts.
         """
@@ -89,7 +101,9 @@ class Recorder:
                 released.outcome,
                 verdict=verdict,
                 release=_release(decided, released, tenant_filter, overfetched),
-            )
+                upstream=upstream,
+            ),
+            facts,
         )
         if decided.replacements:
             self._metrics.substitutions.inc(len(decided.replacements))
@@ -97,7 +111,7 @@ class Recorder:
 
     def unreadable(self, facts: ResponseFacts, outcome: Outcome, error: str) -> None:
         """Record and count a body that could not be read; raises AuditError."""
-        self._write(self._record(facts, outcome, error=error))
+        self._write(self._record(facts, outcome, error=error), facts)
         self._metrics.count_response(outcome, facts.format_name, facts.collection)
 
     def upstream_error(
@@ -105,10 +119,11 @@ class Recorder:
     ) -> None:
         """Record and count an upstream error answer; raises AuditError.
 
-        ``outcome`` is what the client got: ``error`` (the gate's body, counted
-        as ``upstream_error``) or ``passthrough`` (audit mode: the upstream's).
+        ``outcome`` is what the client got: ``error`` (the gate's answer,
+        counted as ``upstream_error``) or ``passthrough`` (audit mode: the
+        upstream's); ``error`` the gate's code for it.
         """
-        self._write(self._record(facts, outcome, error=error, upstream=upstream))
+        self._write(self._record(facts, outcome, error=error, upstream=upstream), facts)
         label = UPSTREAM_ERROR_OUTCOME if outcome is Outcome.ERROR else outcome
         self._metrics.count_response(label, facts.format_name, facts.collection)
 
@@ -198,7 +213,7 @@ class Recorder:
             digest = self._digests[caller.principals] = caller.principals_digest()
         return digest
 
-    def _write(self, record: AuditRecord) -> None:
+    def _write(self, record: AuditRecord, facts: ResponseFacts) -> None:
         try:
             self._audit.write(record.to_dict())
         except AuditError:
@@ -206,6 +221,35 @@ class Recorder:
             log.error("audit record %s could not be written", record.decision_id)
             raise
         self._metrics.audit_records.inc()
+        if self._log_decisions:
+            _log_decision(record, facts.route)
+
+
+def _log_decision(record: AuditRecord, route: Route) -> None:
+    """The per-decision line: what the record says, counted; no text of any kind.
+
+    The code is the gate's (``error`` or ``refusal``), the upstream code a
+    number or a database's token (``UpstreamError``); ``-`` where there is none.
+    """
+    verdict, release, upstream = record.verdict, record.release, record.upstream
+    decisions = () if verdict is None else verdict.decisions
+    refusal = None if release is None else release.refusal
+    decision_log.info(
+        "decision %s %s %s format=%s mode=%s outcome=%s code=%s upstream_code=%s "
+        "candidates=%d released=%d rejected=%d latency_ms=%.3f",
+        record.decision_id,
+        route.method,
+        route.path,
+        record.format,
+        record.mode,
+        record.outcome,
+        record.error or refusal or "-",
+        "-" if upstream is None else upstream.code,
+        len(decisions),
+        0 if release is None else len(release.released),
+        sum(1 for decision in decisions if decision.reasons),
+        record.latency_ms,
+    )
 
 
 def _release(
@@ -218,8 +262,12 @@ def _release(
         replacements[p].chunk_id if p in replacements else by_position[p]
         for p in released.positions
     ]
+    hashes = decided.hashes
+    digests = [hashes.get(p) for p in released.positions]
     if not replacements:
-        return Release(ids, tenant_filter, overfetched, refusal=code_of(released.refusal))
+        return Release(
+            ids, tenant_filter, overfetched, refusal=code_of(released.refusal), sha256=digests
+        )
     kept = decided.kept
     decisions = decided.verdict.decisions
     return Release(
@@ -237,4 +285,5 @@ def _release(
             if d.position in replacements
         ],
         refusal=code_of(released.refusal),
+        sha256=digests,
     )

@@ -36,10 +36,16 @@ from sidecar.enforcement.candidates import CandidateList, CandidatesAnswer
 from sidecar.enforcement.deciding import Decider
 from sidecar.enforcement.recording import Recorder, ResponseFacts
 from sidecar.enforcement.releasing import release
-from sidecar.formats.base import MalformedBody, RequestRewrite, ResponseFormat
+from sidecar.formats.base import (
+    MalformedBody,
+    ParsedBody,
+    ReportedError,
+    RequestRewrite,
+    ResponseFormat,
+)
 from sidecar.formats.registry import FormatTable
 from sidecar.metrics import GateMetrics
-from sidecar.refusals import Refusal, code_of
+from sidecar.refusals import GrpcStatus, Refusal, code_of
 from sidecar.store.cache import CachedStore
 from sidecar.tracing import DecisionSpan, Tracing
 
@@ -79,6 +85,31 @@ def _answered(span: DecisionSpan, result: FilterResult) -> FilterResult:
     return result
 
 
+def _warn_upstream_error(
+    facts: ResponseFacts, upstream_code: str, gate_code: str, outcome: Outcome
+) -> None:
+    """One WARNING line per upstream error: where, the codes, and the audit record's id.
+
+    Never the upstream's text: a database's error can quote the request (Milvus
+    and Elasticsearch echo the filter expression, with the tenant's value and
+    the client's query) or a document (a script error), and no bound makes a
+    quotation safe. The codes are numbers or a database's short tokens
+    (``ReportedError``); the record with the decision id holds the first KiB.
+    """
+    route = facts.route
+    log.warning(
+        "upstream error: decision %s, %s %s, format %s, upstream code %s, gate code %s, "
+        "outcome %s (the upstream's text is in the audit record)",
+        facts.decision_id,
+        route.method,
+        route.path,
+        facts.format_name,
+        upstream_code,
+        gate_code,
+        outcome,
+    )
+
+
 def _gate_headers(decision_id: str, released: int) -> dict[str, str]:
     """The headers the gate adds to an answer it decided."""
     return {
@@ -105,7 +136,9 @@ class FilterResult:
     client gets that status and ``body`` (a small JSON error, or the database's
     own answer for a missing hit) instead of the upstream response.
     ``refusal`` is what went wrong (``sidecar.refusals``), also when audit
-    mode passed the upstream answer; None when nothing did.
+    mode passed the upstream answer; None when nothing did. ``grpc_status``:
+    the status a gRPC client gets in place of the refusal's own (a gRPC
+    upstream's, kept for its retry logic); None for the refusal's.
     """
 
     outcome: Outcome
@@ -113,6 +146,7 @@ class FilterResult:
     body: bytes | None
     headers: dict[str, str] = field(default_factory=dict)
     refusal: Refusal | None = None
+    grpc_status: int | None = None
 
     @property
     def code(self) -> str | None:
@@ -145,6 +179,8 @@ GRPC_TRAILERS_KEPT = frozenset({"grpc-status"})
 
 # What a non-2xx upstream status that cannot be kept becomes.
 _BAD_GATEWAY = 502
+# The gRPC statuses an upstream error keeps for the client (1-16; OK is no error).
+_GRPC_CODES = range(1, 17)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +191,9 @@ class ResponseStart:
     error, for its audit record); False passes the answer unread.
     ``kept_headers``: the upstream headers the client may get; None keeps
     them all (audit mode, and answers passed unread).
-    ``upstream_error``: the status of an upstream error the gate answers
-    (``upstream_error``) once it has the body; None for a successful answer.
+    ``upstream_error``: the upstream's HTTP status (502 when it sent none
+    that reads as one) when the answer is an upstream error the gate answers
+    once it has the body; None for a successful answer.
     """
 
     read_body: bool
@@ -182,10 +219,12 @@ class ResponseFilter:
         max_hits: int = 10_000,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         tracer: Tracer | None = None,
+        log_decisions: bool = False,
     ) -> None:
         """``max_hits``: a body with more candidates is refused (502), never decided.
 
         ``tracer``: one span per decision and per store lookup; None traces nothing.
+        ``log_decisions``: one log line per decision (``audit.log_decisions``).
         """
         self._formats = formats
         self._policies = policies
@@ -200,7 +239,11 @@ class ResponseFilter:
         )
         self._decider = Decider(store, core, clock, self._tracing)
         self._recorder = Recorder(
-            audit, metrics, clock, verdict_cache_on=core.verdict_cache is not None
+            audit,
+            metrics,
+            clock,
+            verdict_cache_on=core.verdict_cache is not None,
+            log_decisions=log_decisions,
         )
 
     def format_for(self, route: Route) -> ResponseFormat | None:
@@ -235,9 +278,8 @@ class ResponseFilter:
             if policy.pass_upstream_errors:
                 self.count_passthrough(fmt.name, route)
                 return _PASS_UNREAD
-            # The status as sent goes to the audit record; a gRPC error's is its 200.
-            grpc_failed = grpc_error != "0" and status.startswith("2")
-            error = int(status) if status.isdigit() and not grpc_failed else _BAD_GATEWAY
+            # The status as sent goes to the audit record (a gRPC error's is its 200).
+            error = int(status) if status.isdigit() else _BAD_GATEWAY
             return ResponseStart(read_body=has_body, upstream_error=error)
         # Audit mode changes nothing the client gets; otherwise only allowlisted
         # upstream headers reach it.
@@ -290,19 +332,63 @@ class ResponseFilter:
         status: int,
         body: bytes,
         trace_headers: Mapping[str, str] | None = None,
+        *,
+        rewrite: RequestRewrite | None = None,
+        grpc_status: str | None = None,
     ) -> FilterResult:
-        """Answer for a non-2xx upstream response on a filtered route.
+        """Answer for a non-2xx upstream response, or a gRPC error, on a filtered route.
 
-        The upstream's text can quote documents (an Elasticsearch script error,
-        a 3xx or 4xx body with hits), so it goes to the audit record only; the
-        client gets ``status`` with the gate's ``upstream_error`` body. In audit
-        mode the result has no body: the upstream answer passes unchanged,
-        recorded all the same.
+        ``status`` is the upstream's HTTP status; ``grpc_status`` a gRPC
+        error's status as sent, ``body`` then being its message. The upstream's
+        text can quote documents (an Elasticsearch script error, a 3xx or 4xx
+        body with hits) or the query, so it goes to the audit record only; the
+        client gets ``status`` (a gRPC client the upstream's gRPC status) with
+        the gate's ``upstream_error`` body, or ``tenant_field_missing`` when
+        the text says the collection lacks the field the tenant was pushed
+        into (``rewrite``: what the request path did). In audit mode the result
+        has no body: the upstream answer passes unchanged, recorded all the same.
         """
-        mode = self.policy_for(route).mode
-        facts = self._facts(fmt, route, caller, request_id, mode)
-        with self._span(facts, route, trace_headers) as span:
-            return _answered(span, self._upstream_error(facts, status, body))
+        policy = self.policy_for(route)
+        facts = self._facts(fmt, route, caller, request_id, policy.mode, rewrite)
+        with self._span(facts, route, trace_headers, rewrite) as span:
+            result = self._upstream_error(facts, fmt, policy, status, body, rewrite, grpc_status)
+            return _answered(span, result)
+
+    def trailers_error(
+        self,
+        fmt: ResponseFormat,
+        route: Route,
+        caller: Caller,
+        request_id: str,
+        status: int,
+        grpc_status: str,
+        message: bytes,
+        trace_headers: Mapping[str, str] | None = None,
+        *,
+        rewrite: RequestRewrite | None = None,
+    ) -> FilterResult | None:
+        """A gRPC error status in an answer's trailers, after response headers that
+        said nothing of it: an upstream error (``upstream_error``), with ``message``
+        its grpc-message; None when the route passes upstream errors.
+
+        The server sent its headers first (and possibly a reply, which was then
+        decided and recorded on its own): the error gets a record of its own,
+        and the client, which reads the status and drops any reply, the gate's
+        error in the trailers.
+        """
+        if self.policy_for(route).pass_upstream_errors:
+            return None
+        return self.upstream_error(
+            fmt,
+            route,
+            caller,
+            request_id,
+            status,
+            message,
+            trace_headers,
+            rewrite=rewrite,
+            grpc_status=grpc_status,
+        )
 
     def _facts(
         self,
@@ -321,30 +407,119 @@ class ResponseFilter:
             request_id,
             caller,
             fmt.name,
+            route,
             mode,
             time.perf_counter() if started is None else started,
             self._collection_for(route, rewrite),
         )
 
-    def _upstream_error(self, facts: ResponseFacts, status: int, body: bytes) -> FilterResult:
+    def _upstream_error(
+        self,
+        facts: ResponseFacts,
+        fmt: ResponseFormat,
+        policy: RoutePolicy,
+        status: int,
+        body: bytes,
+        rewrite: RequestRewrite | None,
+        grpc_status: str | None,
+    ) -> FilterResult:
         """Record an upstream error answer and say what the client gets (``upstream_error``)."""
         audit_mode = facts.mode is Mode.AUDIT
         outcome = Outcome.PASSTHROUGH if audit_mode else Outcome.ERROR
-        upstream = UpstreamError.from_body(status, body)
-        # Only a final status can answer; an interim (1xx) one, or none, is a 502.
-        refusal = refusals.UPSTREAM_ERROR
-        if 300 <= status <= 599:
-            refusal = refusal.at_status(status)
+        kept_grpc: int | None = None
+        if grpc_status is None:
+            upstream = UpstreamError.from_body(status, body)
+        else:
+            number = int(grpc_status) if grpc_status.isdigit() else None
+            code = f"grpc:{'other' if number is None else number}"
+            upstream = UpstreamError.from_body(status, body, code=code)
+            # A status no client knows is UNAVAILABLE, as a gRPC client reads one.
+            kept_grpc = number if number in _GRPC_CODES else GrpcStatus.UNAVAILABLE
+        text = body.decode("utf-8", "replace")
+        refusal = self._named_refusal(fmt, policy, rewrite, text)
+        if refusal is None:
+            kept = kept_grpc
+            # Only a final status can answer; an interim (1xx) one, or none, is a 502.
+            refusal = refusals.UPSTREAM_ERROR
+            if grpc_status is None and 300 <= status <= 599:
+                refusal = refusal.at_status(status)
+        else:
+            kept = None  # the gate's own answer, with its own status
         try:
             self._recorder.upstream_error(facts, outcome, refusal.code, upstream)
         except AuditError:
             return self._unrecorded(facts)
+        _warn_upstream_error(facts, upstream.code, refusal.code, outcome)
         if audit_mode:
             return FilterResult(outcome, status, None, refusal=refusal)
         error = refusal.body(facts.decision_id)
         # The headers a rejected hit answered as absent gets too: the two look alike.
         headers = _gate_headers(facts.decision_id, 0)
-        return FilterResult(outcome, refusal.http_status, error, headers, refusal)
+        return FilterResult(outcome, refusal.http_status, error, headers, refusal, kept)
+
+    def _named_refusal(
+        self,
+        fmt: ResponseFormat,
+        policy: RoutePolicy,
+        rewrite: RequestRewrite | None,
+        error_text: str,
+    ) -> Refusal | None:
+        """The refusal that names what an upstream error says went wrong, where the
+        name tells the client nothing about data; None for ``upstream_error``.
+
+        ``tenant_field_missing``: the database says the collection has no field
+        named as the tenant was pushed into, so no search of it can be confined
+        to a tenant. That is the schema, the same for every caller, not content.
+        """
+        tenant_key = policy.tenant_key
+        if rewrite is None or not rewrite.tenant_filter or tenant_key is None:
+            return None
+        if fmt.missing_field(error_text) == tenant_key:
+            return refusals.TENANT_FIELD_MISSING
+        return None
+
+    def _reported_error(
+        self,
+        facts: ResponseFacts,
+        policy: RoutePolicy,
+        fmt: ResponseFormat,
+        parsed: ParsedBody,
+        reported: ReportedError,
+        rewrite: RequestRewrite | None,
+    ) -> FilterResult:
+        """An answer that is only an error the database reported inside a 2xx body.
+
+        Nothing was decided: the record says ``upstream_error`` (outcome
+        ``error``) with the database's code and bounded text. The client gets
+        the body as the adapter writes an error (the database's own shape and
+        code, the gate's text), or ``tenant_field_missing``.
+        """
+        audit_mode = facts.mode is Mode.AUDIT
+        outcome = Outcome.PASSTHROUGH if audit_mode else Outcome.ERROR
+        upstream = UpstreamError.from_text(200, reported.code, reported.text)
+        named = self._named_refusal(fmt, policy, rewrite, reported.text)
+        refusal = refusals.UPSTREAM_ERROR if named is None else named
+        body: bytes | None = None
+        if not audit_mode and named is None:
+            try:
+                # No hit to trim: over-fetch limits would only be checked against
+                # sub-results an error answer may not have.
+                body = parsed.render(())
+            except MalformedBody as exc:
+                log.warning("malformed %s body on %s: %s", fmt.name, facts.route.path, exc)
+                return self._unreadable(facts, refusals.UPSTREAM_BODY_MALFORMED)
+        try:
+            self._recorder.upstream_error(facts, outcome, refusal.code, upstream)
+        except AuditError:
+            return self._unrecorded(facts)
+        _warn_upstream_error(facts, upstream.code, refusal.code, outcome)
+        if audit_mode:
+            return FilterResult(outcome, 200, None, refusal=refusal)
+        headers = _gate_headers(facts.decision_id, 0)
+        if body is None:
+            error = refusal.body(facts.decision_id)
+            return FilterResult(outcome, refusal.http_status, error, headers, refusal)
+        return FilterResult(outcome, 200, body, headers, refusal)
 
     async def filter(
         self,
@@ -390,6 +565,9 @@ class ResponseFilter:
         if len(parsed.candidates) > self._max_hits:
             log.warning("%s body on %s: more than max_hits hits", fmt.name, route.path)
             return self._unreadable(facts, refusals.UPSTREAM_TOO_MANY_HITS)
+        reported = parsed.reported_error
+        if reported is not None and not parsed.candidates:
+            return self._reported_error(facts, policy, fmt, parsed, reported, rewrite)
 
         substitute = policy.substitute_superseded and policy.mode is not Mode.AUDIT
         decided = await self._decider.decide(caller, parsed.candidates, substitute=substitute)
@@ -420,6 +598,11 @@ class ResponseFilter:
             tenant_filter=tenant_filter,
             overfetched=limits is not None,
         )
+        # Part of the answer failed in the database (a multi-search error item
+        # beside other results): recorded with the decision.
+        upstream = (
+            None if reported is None else UpstreamError.from_text(200, reported.code, reported.text)
+        )
         try:
             self._recorder.decided(
                 facts,
@@ -427,10 +610,14 @@ class ResponseFilter:
                 released,
                 tenant_filter=tenant_filter,
                 overfetched=limits is not None,
+                upstream=upstream,
             )
         except AuditError:
             # A decision that cannot be recorded is not released.
             return self._unrecorded(facts)
+        if upstream is not None:
+            gate_code = code_of(refusal) or "none"
+            _warn_upstream_error(facts, upstream.code, gate_code, released.outcome)
 
         headers = _gate_headers(facts.decision_id, len(released.positions))
         if refusal is not None:
@@ -468,6 +655,7 @@ class ResponseFilter:
             request_id,
             caller,
             format_name,
+            route,
             policy.mode,
             time.perf_counter(),
             label,

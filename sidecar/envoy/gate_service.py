@@ -19,7 +19,13 @@ from typing import NoReturn
 
 import grpc
 
+from sidecar.core.answer_check import Claim
 from sidecar.core.hits import Candidate
+from sidecar.enforcement.answer_verification import (
+    AnswerVerifier,
+    VerificationFailed,
+    VerificationRefused,
+)
 from sidecar.enforcement.candidates import told_reasons
 from sidecar.enforcement.response_filter import ResponseFilter
 from sidecar.identity import AuthRequest
@@ -54,13 +60,68 @@ async def _abort(
 
 
 class GateServicer(gate_pb2_grpc.GateServicer):
-    """``retrieval_gate.v1.Gate``: decisions on candidates an application already holds."""
+    """``retrieval_gate.v1.Gate``: decisions on candidates an application already holds,
+    and verification of the answers made from them."""
 
-    def __init__(self, response_filter: ResponseFilter, admission: RequestAdmission) -> None:
+    def __init__(
+        self,
+        response_filter: ResponseFilter,
+        admission: RequestAdmission,
+        verifier: AnswerVerifier | None = None,
+    ) -> None:
         """``admission``: from :func:`~sidecar.request.gate_route.gate_admission`, so that
-        the Filter route is known."""
+        the Filter route is known. ``verifier``: None when there is no audit trail
+        to verify answers against (VerifyAnswer is then UNIMPLEMENTED)."""
         self._filter = response_filter
         self._admission = admission
+        self._verifier = verifier
+
+    async def VerifyAnswer(
+        self, request: gate_pb2.VerifyAnswerRequest, context: grpc.aio.ServicerContext
+    ) -> gate_pb2.VerifyAnswerResponse:
+        headers = _headers(context)
+        try:
+            # The caller is admitted exactly as for Filter: who may retrieve may verify.
+            admitted = await self._admission.admit(AuthRequest("POST", GATE_ROUTE.path, headers))
+        except RequestRefused as exc:
+            log.info("Gate/VerifyAnswer refused: %s", exc.refusal.code)
+            await _abort(context, exc.refusal)
+        caller = admitted.caller
+        assert caller is not None  # only OPEN_PROBES admit without a caller
+        if self._verifier is None:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED, "no audit log configured: nothing to verify against"
+            )
+            raise AssertionError("grpc.aio's abort raises")
+        claims = [Claim(tuple(c.chunk_ids), tuple(c.quotes)) for c in request.claims]
+        try:
+            verification = await self._verifier.verify(
+                caller,
+                headers.get("x-request-id", ""),
+                list(request.decision_ids),
+                claims,
+                [(chunk.id, chunk.text) for chunk in request.chunks],
+            )
+        except VerificationRefused as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise AssertionError("grpc.aio's abort raises") from None
+        except VerificationFailed as exc:
+            await _abort(context, exc.refusal)
+        check = verification.check
+        return gate_pb2.VerifyAnswerResponse(
+            verification_id=verification.verification_id,
+            supported=check.supported,
+            claims=[
+                gate_pb2.ClaimVerdict(
+                    position=position,
+                    verdict=verdict.verdict.value,
+                    chunk_id=verdict.chunk_id or "",
+                    quote=verdict.quote,
+                )
+                for position, verdict in enumerate(check.claims)
+            ],
+            unknown_decision_ids=list(check.unknown_decisions),
+        )
 
     async def Filter(
         self, request: gate_pb2.FilterRequest, context: grpc.aio.ServicerContext

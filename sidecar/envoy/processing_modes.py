@@ -36,7 +36,7 @@ def _whole_mode(
 SKIP_RESPONSE_BODY = _Mode(response_body_mode=_Mode.NONE)
 # Routes the gate does not filter: the stream ends at the request headers.
 HEADERS_ONLY = _whole_mode(_Mode.SKIP, _Mode.NONE)
-# A gRPC call the gate does not filter, whose body names its collections.
+# A route the gate does not filter whose request body it reads (``ReadCollections``).
 REQUEST_BODY_ONLY = _whole_mode(_Mode.SKIP, _Mode.NONE, request_body=_Mode.BUFFERED)
 
 # A filtered route, by (gRPC call, request body read). gRPC answers' trailers

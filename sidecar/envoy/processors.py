@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Generic, TypeVar
+from urllib.parse import unquote
 
 from sidecar import refusals
 from sidecar.enforcement.response_filter import FilterResult, ResponseFilter
@@ -24,10 +25,10 @@ from sidecar.envoy.messages import (
     headers_answer,
     kept_only,
     refusal_answer,
+    set_headers,
 )
 from sidecar.envoy.processing_modes import SKIP_RESPONSE_BODY
 from sidecar.formats.base import RequestRewrite
-from sidecar.refusals import GrpcStatus
 from sidecar.request.plans import Filter, ReadCollections, Refused
 from sidecar.request.request_path import RequestPath
 from sidecar.tracing import trace_context
@@ -82,6 +83,12 @@ class Processor:
         return kind == "response_body"
 
 
+def _percent_encoded(message: bytes) -> str:
+    """``message`` as a grpc-message value: printable ASCII but ``%`` as it is, the
+    rest percent-encoded (gRPC's encoding of the header)."""
+    return "".join(chr(b) if 0x20 <= b <= 0x7E and b != 0x25 else f"%{b:02X}" for b in message)
+
+
 PlanT = TypeVar("PlanT", ReadCollections, Filter)
 
 
@@ -109,14 +116,19 @@ class RequestBodyReader(Processor, Generic[PlanT]):
 
 
 class CollectionsReader(RequestBodyReader[ReadCollections]):
-    """A gRPC call the gate does not filter: its body is read for the collections it names."""
+    """A route the gate does not filter whose request body it reads first: the
+    collections a gRPC call names, what a REST body asks (``ReadCollections``)."""
 
-    grpc = True
+    def __init__(
+        self, path: RequestPath, plan: ReadCollections, encoding: str, max_body_bytes: int
+    ) -> None:
+        super().__init__(path, plan, encoding, max_body_bytes)
+        self.grpc = plan.grpc
 
     async def request_body(self, message: ext_proc.HttpBody) -> _Answer:
         read = await self._read(message)
         if isinstance(read, Refused):
-            return refusal_answer(read.refusal, grpc=True)
+            return refusal_answer(read.refusal, grpc=self.grpc)
         return _BODY_UNCHANGED
 
     def ends_after(self, kind: str, answer: _Answer) -> bool:
@@ -145,6 +157,7 @@ class FilteringProcessor(RequestBodyReader[Filter]):
         self._codings: tuple[str, ...] = ()  # the response body's content codings
         self._response_encoding = ""  # a gRPC answer's grpc-encoding
         self._upstream_error: int | None = None  # set for a non-2xx answer to be replaced
+        self._status = 200  # the answer's HTTP status, once its headers came
 
     async def request_body(self, message: ext_proc.HttpBody) -> _Answer:
         if not self._plan.reads_body:
@@ -164,6 +177,8 @@ class FilteringProcessor(RequestBodyReader[Filter]):
         headers = header_dict(message.headers)
         plan, has_body = self._plan, not message.end_of_stream
         status = headers.get(":status", "")
+        if status.isdigit():
+            self._status = int(status)
         # A trailers-only gRPC error: HTTP 200 with its grpc-status in the headers.
         grpc_error = headers.get("grpc-status", "0") if self.grpc else "0"
         start = self._filter.start(
@@ -177,10 +192,10 @@ class FilteringProcessor(RequestBodyReader[Filter]):
         self._upstream_error = start.upstream_error
         self._response_encoding = headers.get("grpc-encoding", "")
         if start.upstream_error is not None and status.startswith("2"):
-            # Its grpc-message can quote documents: it goes to the audit record.
-            text = f"grpc-status {grpc_error}: {headers.get('grpc-message', '')}"
-            code = int(grpc_error) if grpc_error.isdigit() and 0 < int(grpc_error) < 17 else 0
-            return self._upstream_answer(text.encode(), code or GrpcStatus.UNAVAILABLE)
+            # A gRPC error. Its grpc-message (percent-encoded, as gRPC sends it) can
+            # quote documents: it goes to the audit record.
+            grpc_message = unquote(headers.get("grpc-message", ""))
+            return self._upstream_answer(grpc_message.encode(), grpc_status=grpc_error)
         if start.upstream_error is not None and not has_body:
             return self._upstream_answer(b"")
         common = kept_only(headers, start.kept_headers)
@@ -232,12 +247,38 @@ class FilteringProcessor(RequestBodyReader[Filter]):
         )
 
     def response_trailers(self, message: ext_proc.HttpTrailers) -> _Answer:
-        kept = self._filter.kept_trailers(self._plan.route) if self.grpc else None
+        trailers = header_dict(message.trailers)
+        plan = self._plan
+        kept = self._filter.kept_trailers(plan.route) if self.grpc else None
+        replaced: dict[str, str] = {}
+        grpc_error = trailers.get("grpc-status", "0") if self.grpc else "0"
+        if grpc_error != "0":
+            # A gRPC error after the response headers (not trailers-only).
+            result = self._filter.trailers_error(
+                plan.fmt,
+                plan.route,
+                plan.caller,
+                self._request_id,
+                self._status,
+                grpc_error,
+                unquote(trailers.get("grpc-message", "")).encode(),
+                self._trace_headers,
+                rewrite=self._rewrite,
+            )
+            if result is not None and result.body is not None and result.refusal is not None:
+                status = (
+                    result.refusal.grpc_status if result.grpc_status is None else result.grpc_status
+                )
+                replaced = {
+                    "grpc-status": str(int(status)),
+                    "grpc-message": _percent_encoded(result.body),
+                }
         answer = ext_proc.TrailersResponse()
         if kept is not None:
             answer.header_mutation.remove_headers.extend(
-                name for name in header_dict(message.trailers) if name not in kept
+                name for name in trailers if name not in kept and name not in replaced
             )
+        answer.header_mutation.set_headers.extend(set_headers(replaced))
         return _Answer(response_trailers=answer)
 
     async def _decoded(self, body: bytes) -> bytes:
@@ -256,12 +297,12 @@ class FilteringProcessor(RequestBodyReader[Filter]):
         return await asyncio.to_thread(decode, body, self._codings, limit)
 
     def _upstream_answer(
-        self, body: bytes, grpc_status: int | None = None, passed: _Answer | None = None
+        self, body: bytes, grpc_status: str | None = None, passed: _Answer | None = None
     ) -> _Answer:
         """The gate's answer for an upstream error, or ``passed`` in audit mode.
 
-        ``grpc_status``: a gRPC upstream's own status, which the client keeps
-        (its retry logic reads it).
+        ``grpc_status``: a gRPC error's status as the upstream sent it, ``body``
+        then being its message.
         """
         assert self._upstream_error is not None
         plan = self._plan
@@ -273,10 +314,12 @@ class FilteringProcessor(RequestBodyReader[Filter]):
             self._upstream_error,
             body,
             self._trace_headers,
+            rewrite=self._rewrite,
+            grpc_status=grpc_status,
         )
         if result.body is None:
             return passed or headers_answer(ext_proc.CommonResponse(), skip_body=True)
-        return self._refused(result, grpc_status)
+        return self._refused(result)
 
     def _unreadable(self, why: str, passed: _Answer) -> _Answer:
         """The answer for a body the gate cannot read, or ``passed`` in audit mode."""
@@ -286,12 +329,12 @@ class FilteringProcessor(RequestBodyReader[Filter]):
         )
         return passed if result.body is None else self._refused(result)
 
-    def _refused(self, result: FilterResult, grpc_status: int | None = None) -> _Answer:
+    def _refused(self, result: FilterResult) -> _Answer:
         assert result.refusal is not None
         return refusal_answer(
             result.refusal,
             grpc=self.grpc,
             body=result.body,
             headers=result.headers,
-            grpc_status=grpc_status,
+            grpc_status=result.grpc_status,
         )

@@ -77,6 +77,37 @@ class MalformedRequest(Exception):
     """A search request body the gate cannot read; answer 400, never forward it."""
 
 
+@dataclass(frozen=True, slots=True)
+class ReportedError:
+    """An error the database reported inside a successful answer (HTTP 2xx, gRPC OK).
+
+    ``code`` is the database's own code for it, as ``source:value``
+    (``milvus:1100``, ``weaviate:graphql``, ``elasticsearch:parsing_exception``):
+    a number or a short token the database chose, never its text (see
+    :func:`error_code`), so that it may go to logs. ``text`` is its message as
+    the database wrote it: it can quote the request (a filter expression, the
+    tenant's value) or a document, so it goes to the audit record only, bounded
+    there, and never to the client.
+    """
+
+    code: str
+    text: str
+
+
+# What an error code may be made of: a token a database chose, not a text.
+_CODE_TOKEN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def error_code(source: str, value: object) -> str:
+    """``source:value`` for an integer or a short token; ``source:other`` for
+    anything else, which might be text (a message, a value of the request)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{source}:{value}"
+    if isinstance(value, str) and _CODE_TOKEN.fullmatch(value):
+        return f"{source}:{value}"
+    return f"{source}:other"
+
+
 # The client's error code for an UnfilterableRequest.
 NOT_FILTERABLE = "request_not_filterable"
 
@@ -101,6 +132,11 @@ Replacements: TypeAlias = Mapping[int, Replacement] | None
 class ParsedBody(Protocol):
     @property
     def candidates(self) -> Sequence[Candidate]: ...
+
+    @property
+    def reported_error(self) -> ReportedError | None:
+        """The error the body reports beside (or instead of) its hits; None when none."""
+        ...
 
     def render(
         self, keep: Collection[int], limits: RenderLimits = None, replacements: Replacements = None
@@ -142,6 +178,12 @@ class ResponseFormat(Protocol):
 
     def parse(self, body: bytes, route: Route) -> ParsedBody:
         """Parse a successful response body; raise MalformedBody if it is not one."""
+        ...
+
+    def missing_field(self, error_text: str) -> str | None:
+        """The field a collection lacks, when ``error_text`` (an error the database
+        answered) says a query named a field the collection's schema does not
+        have; None when it says nothing of the kind."""
         ...
 
     def rewrites_request(self, route: Route) -> bool:
@@ -294,6 +336,11 @@ class ResponseAdapter(RequestCapabilities, ABC, Generic[ShapeT]):
         # Raised outside the handler so that nothing is chained: a decode error's
         # .doc attribute holds the whole body.
         raise MalformedBody(message)
+
+    def missing_field(self, error_text: str) -> str | None:
+        """None: the database's errors are not read for a missing field (it answers
+        a filter on a field it lacks with no hits, or its errors are not known)."""
+        return None
 
     @abstractmethod
     def _shape(self, route: Route) -> ShapeT | None:

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from sidecar.core.hits import Candidate, Replacement
-from sidecar.formats.base import MalformedBody, RenderLimits, Replacements
+from sidecar.formats.base import MalformedBody, RenderLimits, Replacements, ReportedError
 from sidecar.formats.hits import HitLayout, Hits
 
 Limits = tuple[int | None, ...]
@@ -89,10 +89,12 @@ class HitBody(ABC):
     needs. ``sub_results`` is the number of limits a render takes (one per
     sub-result: one for a plain search, one per request of a batch); None for
     a format whose requests are never over-fetched, which takes none.
+    ``reported_error``: the error the body reports (``ParsedBody``), if any.
     """
 
     hits: InitVar[Hits]
     sub_results: int | None = field(default=None, kw_only=True)
+    reported_error: ReportedError | None = field(default=None, kw_only=True)
     candidates: Sequence[Candidate] = field(init=False)
     _layout: HitLayout = field(init=False, repr=False)
     # ((keep, limits), released positions) of the last render.

@@ -1,4 +1,5 @@
-"""A small synchronous client of ``retrieval_gate.v1.Gate/Filter``, shared by the adapters.
+"""A small synchronous client of ``retrieval_gate.v1.Gate`` (Filter, VerifyAnswer),
+shared by the adapters.
 
 Fail closed: any error (the gate refuses, is down, answers something that
 does not match the request) raises :class:`GateError`; an adapter never
@@ -39,6 +40,48 @@ class Decisions:
     reasons: tuple[tuple[str, ...], ...]
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimToVerify:
+    """One claim of an answer: the chunk ids it cites and the spans it quotes from them."""
+
+    chunk_ids: tuple[str, ...]
+    quotes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """The gate's verdict on one claim (``supported``, ``not_released``, ...: see
+    docs/verify-answer.md), with the cited chunk or the quote index it is about."""
+
+    verdict: str
+    chunk_id: str | None = None
+    quote: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    """The gate's answer to VerifyAnswer; ``supported`` only when every claim is."""
+
+    verification_id: str
+    supported: bool
+    claims: tuple[ClaimResult, ...]  # one per claim, in request order
+    unknown_decision_ids: tuple[str, ...]
+
+
+class AnswerNotSupported(GateError):
+    """The gate did not find every claim of an answer supported: do not show it as is.
+
+    ``verification`` holds the verdict on each claim.
+    """
+
+    def __init__(self, verification: Verification) -> None:
+        failed = sorted({c.verdict for c in verification.claims if c.verdict != "supported"})
+        if verification.unknown_decision_ids:
+            failed.append("unknown_decision")
+        super().__init__(f"answer not supported ({', '.join(failed)})")
+        self.verification = verification
+
+
 def token_of(credential: Credential) -> str:
     """The bearer token ``credential`` gives now; GateError when it gives none."""
     token = credential() if callable(credential) else credential
@@ -63,7 +106,9 @@ class GateClient:
             self._channel = grpc.insecure_channel(target)
         else:
             self._channel = grpc.secure_channel(target, channel_credentials)
-        self._filter = gate_pb2_grpc.GateStub(self._channel).Filter
+        stub = gate_pb2_grpc.GateStub(self._channel)
+        self._filter = stub.Filter
+        self._verify = stub.VerifyAnswer
         self._timeout = timeout_seconds
 
     def filter(
@@ -86,6 +131,53 @@ class GateClient:
             details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
             raise GateError(f"the gate refused or failed: {code}: {details}", code) from exc
         return _checked(response, candidates)
+
+    def verify_answer(
+        self,
+        decision_ids: Sequence[str],
+        claims: Sequence[ClaimToVerify],
+        chunks: Sequence[tuple[str, str]],
+        credential: Credential,
+    ) -> Verification:
+        """The gate's verdict on each claim of an answer, for the user of ``credential``.
+
+        ``decision_ids``: of the retrievals the answer was made from;
+        ``chunks``: ``(id, text)`` of the cited chunks as the application holds them.
+        Raises GateError when the gate refuses or fails; an unsupported answer
+        is not an error (``Verification.supported`` is False).
+        """
+        request = gate_pb2.VerifyAnswerRequest(
+            decision_ids=list(decision_ids),
+            claims=[
+                gate_pb2.ClaimToVerify(chunk_ids=list(c.chunk_ids), quotes=list(c.quotes))
+                for c in claims
+            ],
+            chunks=[gate_pb2.Candidate(id=cid, text=text) for cid, text in chunks],
+        )
+        metadata = (("authorization", f"Bearer {token_of(credential)}"),)
+        try:
+            response = self._verify(request, timeout=self._timeout, metadata=metadata)
+        except grpc.RpcError as exc:
+            code = exc.code() if isinstance(exc, grpc.Call) else None
+            details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+            raise GateError(f"the gate refused or failed: {code}: {details}", code) from exc
+        verdicts = list(response.claims)
+        if not response.verification_id or len(verdicts) != len(claims):
+            raise GateError("the gate's answer does not match the claims")
+        if any(v.position != position for position, v in enumerate(verdicts)):
+            raise GateError("the gate's answer does not match the claims")
+        results = tuple(
+            ClaimResult(v.verdict, v.chunk_id or None, v.quote if v.HasField("quote") else None)
+            for v in verdicts
+        )
+        # Supported is never taken on the gate's word alone: every claim must say so.
+        supported = response.supported and all(r.verdict == "supported" for r in results)
+        return Verification(
+            response.verification_id,
+            supported,
+            results,
+            tuple(response.unknown_decision_ids),
+        )
 
     def close(self) -> None:
         """Close the channel."""

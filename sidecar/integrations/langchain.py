@@ -8,12 +8,18 @@ Needs the ``retrieval-gate[langchain]`` extra (``langchain-core``)::
         credential=user_jwt,             # or a function returning the current user's
     )
     docs = gated.invoke("how do I reset the pump?")
+
+Each admitted document carries the decision's id in
+``metadata["retrieval_gate_decision_id"]``; :func:`answer_verification` is a
+chain step that checks an answer's claims against those decisions before the
+answer is shown (docs/verify-answer.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
@@ -21,9 +27,20 @@ from langchain_core.callbacks import (
 )
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import RunnableLambda
 from pydantic import Field
 
-from sidecar.integrations.client import Credential, GateClient, GateError
+from sidecar.integrations.client import (
+    AnswerNotSupported,
+    ClaimToVerify,
+    Credential,
+    GateClient,
+    GateError,
+    Verification,
+)
+
+# Where an admitted document carries the id of the decision that admitted it.
+DECISION_ID_KEY = "retrieval_gate_decision_id"
 
 
 class GatedRetriever(BaseRetriever):
@@ -63,7 +80,14 @@ class GatedRetriever(BaseRetriever):
             return []
         candidates = [(self._id_of(doc), doc.page_content) for doc in documents]
         decisions = self.gate.filter(candidates, self.credential, collection=self.collection)
-        return [doc for doc, ok in zip(documents, decisions.admitted, strict=True) if ok]
+        return [
+            # A copy: the wrapped retriever's documents are its own.
+            doc.model_copy(
+                update={"metadata": {**doc.metadata, DECISION_ID_KEY: decisions.decision_id}}
+            )
+            for doc, ok in zip(documents, decisions.admitted, strict=True)
+            if ok
+        ]
 
     def _id_of(self, document: Document) -> str:
         """The chunk id the gate knows ``document`` by; "" (rejected by the gate) if none."""
@@ -73,3 +97,59 @@ class GatedRetriever(BaseRetriever):
         if not isinstance(value, str | int):
             raise GateError(f"document id of type {type(value).__name__} is not a chunk id")
         return str(value)
+
+
+def verify_documents(
+    gate: GateClient,
+    credential: Credential,
+    documents: Sequence[Document],
+    claims: Sequence[ClaimToVerify | Mapping[str, Any]],
+    *,
+    id_key: str | None = "chunk_id",
+) -> Verification:
+    """Check ``claims`` against the decisions that admitted ``documents`` (from a
+    :class:`GatedRetriever`); raises AnswerNotSupported unless every claim is supported.
+
+    A claim is a :class:`ClaimToVerify` or a mapping with ``chunk_ids`` and
+    ``quotes``. The texts sent are the documents' ``page_content``, as the
+    model saw them.
+    """
+    decision_ids: list[str] = []
+    chunks: list[tuple[str, str]] = []
+    for document in documents:
+        decision_id = document.metadata.get(DECISION_ID_KEY)
+        if not isinstance(decision_id, str) or not decision_id:
+            raise GateError("a document was not admitted by the gate (no decision id)")
+        decision_ids.append(decision_id)
+        value = document.id if id_key is None else document.metadata.get(id_key)
+        chunks.append(("" if value is None else str(value), document.page_content))
+    verification = gate.verify_answer(
+        list(dict.fromkeys(decision_ids)), [_claim(c) for c in claims], chunks, credential
+    )
+    if not verification.supported:
+        raise AnswerNotSupported(verification)
+    return verification
+
+
+def answer_verification(
+    gate: GateClient, credential: Credential, *, id_key: str | None = "chunk_id"
+) -> RunnableLambda[dict[str, Any], dict[str, Any]]:
+    """A chain step: ``{"documents": [...], "claims": [...], ...}`` in, the same with
+    ``"verification"`` added out; raises AnswerNotSupported (see :func:`verify_documents`)."""
+
+    def verify(state: dict[str, Any]) -> dict[str, Any]:
+        verification = verify_documents(
+            gate, credential, state["documents"], state["claims"], id_key=id_key
+        )
+        return {**state, "verification": verification}
+
+    return RunnableLambda(verify)
+
+
+def _claim(claim: ClaimToVerify | Mapping[str, Any]) -> ClaimToVerify:
+    if isinstance(claim, ClaimToVerify):
+        return claim
+    return ClaimToVerify(
+        tuple(str(i) for i in claim.get("chunk_ids", ())),
+        tuple(str(q) for q in claim.get("quotes", ())),
+    )

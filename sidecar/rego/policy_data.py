@@ -76,6 +76,14 @@ def check_policy_data(document: Mapping[str, Any], schema: Mapping[str, Any]) ->
         raise PolicyDataError(problems)
 
 
+def described_collections(document: Mapping[str, Any]) -> list[str]:
+    """The collections the bundled policies' data describes
+    (``data.retrieval_gate.collections``); none when the data has another shape."""
+    gate = document.get("retrieval_gate")
+    described = gate.get("collections") if isinstance(gate, Mapping) else None
+    return [str(name) for name in described] if isinstance(described, Mapping) else []
+
+
 def _validator(schema: Mapping[str, Any]) -> jsonschema.Draft202012Validator:
     # Imported when there is data to check, not with the package: jsonschema
     # loads its format checkers, and where an optional one is installed

@@ -31,17 +31,20 @@ class PassThrough:
 
 @dataclass(frozen=True, slots=True)
 class ReadCollections:
-    """Admitted, on a route the gate does not filter whose body names its collections.
+    """Admitted, on a route the gate does not filter whose body it must read first.
 
     A gRPC path names no collection (a Qdrant upsert's ``collection_name`` is
-    in its body), so the request policy's ownership check needs the body; it
-    is passed on unchanged once the policy allowed what it names.
+    in its body), so the request policy's ownership check needs the body; a
+    REST body can ask what no tenant condition reaches (an Elasticsearch
+    point in time's ``index_filter``), which is refused. The body is passed
+    on unchanged once the policy allowed what it names. ``grpc``: a gRPC call.
     """
 
     strip_headers: tuple[str, ...]
     route: Route
     caller: Caller
     fmt: ResponseFormat
+    grpc: bool
 
 
 @dataclass(frozen=True, slots=True)

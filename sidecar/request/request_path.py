@@ -81,9 +81,9 @@ class RequestPath:
         fmt = self._formats.response_format(route)
         if fmt is None:
             self.count_unread()
-            reader = self._collections_reader(route) if grpc and has_body else None
+            reader = self._collections_reader(route) if has_body else None
             if reader is not None:
-                return ReadCollections(strip, route, caller, reader)
+                return ReadCollections(strip, route, caller, reader, grpc)
             return PassThrough(strip)
         policy = self._policies.for_path(route.path)
         pushes_down = policy.tenant_key is not None
@@ -152,17 +152,22 @@ class RequestPath:
         return Admitted(caller, ())
 
     def _collections_reader(self, route: Route) -> ResponseFormat | None:
-        """The format that reads the collections request bodies on ``route`` name, for a
-        route the gate does not filter; None when there is none."""
+        """The format that reads the request bodies on ``route`` (the collections a
+        gRPC call names, an Elasticsearch point in time's filter), for a route the
+        gate does not filter; None when there is none."""
         found = self._formats.classify(route)
         if found is None or found[1] is RouteKind.FILTERED:
             return None
         return found[0] if found[0].rewrites_request(route) else None
 
     async def _read_collections(self, plan: ReadCollections, body: bytes) -> Refused | None:
-        """None once the collections ``body`` names passed the request policy."""
+        """None once the collections ``body`` names passed the request policy; a refusal
+        for a body that holds what the tenant condition could not reach."""
         try:
             named = plan.fmt.request_collections(body, plan.route)
+        except UnfilterableRequest as exc:
+            log.info("request refused: %s", exc.code)
+            return self.refused(refusals.REQUEST_NOT_FILTERABLE.with_code(exc.code))
         except MalformedRequest:
             return self.refused(refusals.REQUEST_BODY_MALFORMED)
         try:

@@ -36,7 +36,7 @@ from sidecar.core.caller import IdentityError
 from sidecar.identity.keys import JwksUrl, is_jwks_url
 from sidecar.identity.publish import public_jwks
 from sidecar.runtime.addresses import HostPort, UnixSocket, parse_socket_address
-from sidecar.runtime.server import ListenError
+from sidecar.runtime.channel import ListenError
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -15,8 +16,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry, start_http_server
 
+from sidecar.audit.checkpointing import CheckpointingSink, SigningKey
+from sidecar.audit.checkpoints import (
+    CheckpointError,
+    checkpoints_path,
+    key_fingerprint,
+    load_signing_key,
+)
 from sidecar.audit.jsonl import DELETE_REASONS, JsonlAuditSink, SpoolLimits
-from sidecar.audit.postgres import PostgresAuditSink
+from sidecar.audit.postgres import PostgresAuditSink, default_chain_id
 from sidecar.audit.sink import AuditSink, NullAuditSink
 from sidecar.config import ConfigError, IdentityMode, PolicyEngineName, Settings, format_table
 from sidecar.config.groups import StoreSettings
@@ -24,6 +32,7 @@ from sidecar.core.decision_core import DecisionCore
 from sidecar.core.modes import RoutePolicies
 from sidecar.core.policy import PolicyEngine, PolicyError, RequestPolicyEngine
 from sidecar.core.reasons import ReasonOrder
+from sidecar.enforcement.answer_verification import AnswerVerifier
 from sidecar.enforcement.response_filter import ResponseFilter
 from sidecar.envoy.ext_authz import AuthorizationServicer
 from sidecar.envoy.ext_proc import ExternalProcessorServicer
@@ -46,6 +55,8 @@ from sidecar.request.answers import RequestAnswers
 from sidecar.request.gate_route import gate_admission
 from sidecar.request.request_path import RequestPath
 from sidecar.runtime.addresses import parse_host_port
+from sidecar.runtime.answer_verification import answer_verification
+from sidecar.runtime.channel import ListenError, PinnedPeer, add_listener, server_credentials
 from sidecar.runtime.metadata_store import open_metadata_store
 from sidecar.runtime.policy_source import (
     REFUSAL_REASONS,
@@ -54,6 +65,7 @@ from sidecar.runtime.policy_source import (
     load_bundle_policy,
 )
 from sidecar.runtime.signals import StopSignals
+from sidecar.runtime.summary import record_count, startup_summary
 from sidecar.runtime.tracing import TracedCacheObserver, gate_tracer, start_tracing
 from sidecar.store.cache import CachedStore
 from sidecar.store.listener import ChangeListener
@@ -122,11 +134,13 @@ def build_identity(settings: Settings) -> IdentityProvider:
 
 
 def build_audit(settings: Settings, metrics: GateMetrics) -> AuditSink:
-    """The audit sink: nothing, a JSON Lines log, or that log as a spool shipped to PostgreSQL."""
+    """The audit sink: nothing, a JSON Lines log, or that log as a spool shipped to PostgreSQL;
+    with a checkpoint key, wrapped to sign checkpoints of the chain's head."""
     audit = settings.audit
     if audit.log is None:
         log.warning("no audit log configured (--audit-log): decisions are not recorded")
         return NullAuditSink()
+    signing = load_checkpoint_key(settings)
     limits = SpoolLimits(
         segment_bytes=audit.segment_bytes,
         segment_seconds=audit.segment_seconds,
@@ -135,8 +149,53 @@ def build_audit(settings: Settings, metrics: GateMetrics) -> AuditSink:
     )
     metrics.audit_spool_limit_bytes.set(audit.max_spool_bytes)
     metrics.preset_segment_deletions(DELETE_REASONS)
+    checkpoints = checkpoints_path(audit.log)
+    sink: JsonlAuditSink | PostgresAuditSink
     if audit.store is None:
-        return JsonlAuditSink(audit.log, limits, observer=metrics)
+        sink = JsonlAuditSink(audit.log, limits, observer=metrics)
+    else:
+        sink = _postgres_audit(settings, limits, metrics, checkpoints if signing else None)
+    if signing is None:
+        return sink
+    metrics.audit_checkpoint_every_seconds.set(audit.checkpoint_every_seconds)
+    try:
+        return CheckpointingSink(
+            sink,
+            checkpoints,
+            chain_id=audit.chain_id or default_chain_id(audit.log),
+            signing=signing,
+            every_records=audit.checkpoint_every_records,
+            every_seconds=audit.checkpoint_every_seconds,
+            observer=metrics,
+        )
+    except CheckpointError as exc:
+        sink.close()
+        raise ConfigError(f"audit checkpoints: {exc}") from None
+    except BaseException:
+        sink.close()
+        raise
+
+
+def load_checkpoint_key(settings: Settings) -> SigningKey | None:
+    """The checkpoint signing key and its id, or None when checkpoints are off.
+
+    ConfigError names the file and what is wrong with it, never its contents.
+    """
+    path = settings.audit.checkpoint_key_file
+    if path is None:
+        return None
+    try:
+        key = load_signing_key(path)
+    except ValueError as exc:
+        raise ConfigError(f"audit.checkpoint_key_file {exc}") from None
+    return SigningKey(key, settings.audit.checkpoint_key_id or key_fingerprint(key.public_key()))
+
+
+def _postgres_audit(
+    settings: Settings, limits: SpoolLimits, metrics: GateMetrics, checkpoints: Path | None
+) -> PostgresAuditSink:
+    audit = settings.audit
+    assert audit.log is not None and audit.store is not None
 
     def report(backlog: int) -> None:
         # Set, not set_function: with several workers only set values reach
@@ -152,6 +211,7 @@ def build_audit(settings: Settings, metrics: GateMetrics) -> AuditSink:
         limits=limits,
         observer=metrics,
         on_backlog=report,
+        checkpoints=checkpoints,
     )
     report(sink.backlog)
     sink.start()
@@ -294,12 +354,14 @@ class Sidecar:
     # Live invalidation: PostgreSQL's LISTEN, the SQLite change poll (store.watch).
     listener: ChangeWatcher | None
     tracing: TracerProvider | None = None  # this process's spans (OTEL_* variables); None: off
-    # The Gate service's admission (its own route); None: not served.
+    # The Gate service's admission (its own route); None: not served (no listen.gate).
     gate_admission: RequestAdmission | None = None
     policy_source: PolicySource | None = None  # polls policy.bundle; None: no bundle
     # The metadata store when it could not be reached at start: the server
     # opens it in the background (SidecarServer); None: opened.
     pending_store: PendingStore | None = None
+    # Gate/VerifyAnswer's checks; None without an audit log to verify against.
+    answer_verifier: AnswerVerifier | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Sidecar:
@@ -336,7 +398,8 @@ class Sidecar:
         )
         formats = format_table(settings)
         metrics.preset(fmt.name for fmt in formats.formats)
-        audit = build_audit(settings, metrics)
+        sink = build_audit(settings, metrics)
+        audit, verifier = answer_verification(settings, sink, store, metrics)
         policies = RoutePolicies(settings.route_policy)
         response_filter = ResponseFilter(
             formats=formats,
@@ -347,8 +410,18 @@ class Sidecar:
             policies=policies,
             max_hits=settings.filter.max_hits,
             tracer=tracer,
+            log_decisions=settings.audit.log_decisions,
         )
         log.info("policy %s loaded from %s", policy.version, policy_source)
+        records = None if isinstance(inner, PendingStore) else record_count(settings)
+        summary = startup_summary(
+            settings,
+            records=records,
+            policy_version=policy.version,
+            policy_source=policy_source,
+            formats=[fmt.name for fmt in formats.formats],
+        )
+        log.info("%s", summary)
         identity = build_identity(settings)
         admission = RequestAdmission(
             identity,
@@ -377,9 +450,12 @@ class Sidecar:
             response_filter,
             listener,
             tracing,
-            gate_admission(identity, request_policy, metrics.count_request_refusal),
+            None
+            if settings.listen.gate is None
+            else gate_admission(identity, request_policy, metrics.count_request_refusal),
             bundle,
             inner if isinstance(inner, PendingStore) else None,
+            verifier,
         )
 
     async def aclose(self) -> None:
@@ -389,6 +465,8 @@ class Sidecar:
             await self.policy_source.stop()
         if self.listener is not None:
             await self.listener.stop()
+        if self.answer_verifier is not None:
+            await self.answer_verifier.aclose()
         self.audit.close()
         await self.store.aclose()
         if self.tracing is not None:
@@ -396,16 +474,19 @@ class Sidecar:
             await asyncio.to_thread(self.tracing.shutdown)
 
 
-class ListenError(OSError):
-    """The sidecar cannot listen on its gRPC address (e.g. another process has it)."""
-
-
 class SidecarServer:
-    """The gRPC server (ext_authz + ext_proc) and the /metrics endpoint."""
+    """The gRPC servers and the /metrics endpoint.
+
+    Envoy's (``listen.grpc``: ext_proc, ext_authz, health) and, with
+    ``listen.gate``, the Gate service's (Gate, health) are two servers, so
+    that neither listener serves the other's services: an application that
+    may call Gate/Filter is not Envoy, whose streams name their caller.
+    """
 
     def __init__(self, sidecar: Sidecar) -> None:
         self.sidecar = sidecar
-        limit = sidecar.settings.listen.grpc_max_message_bytes
+        listen = sidecar.settings.listen
+        limit = listen.grpc_max_message_bytes
         options: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
@@ -413,7 +494,14 @@ class SidecarServer:
             # Envoy's streams (workers listen on port + i).
             ("grpc.so_reuseport", 0),
         ]
-        self._grpc = grpc.aio.server(options=options)
+        # Read now: a missing or malformed file is a ConfigError before anything listens.
+        self._credentials = server_credentials(listen)
+        self._grpc = grpc.aio.server(
+            options=options,
+            interceptors=[]
+            if listen.grpc_client_id is None
+            else [PinnedPeer(listen.grpc_client_id)],
+        )
         # False until the metadata store is open (at once, unless it was
         # unreachable at start): every stream is refused meanwhile.
         self._store_ready = sidecar.pending_store is None
@@ -431,15 +519,21 @@ class SidecarServer:
             AuthorizationServicer(sidecar.request_path.admission, ready=self.store_ready),
             self._grpc,
         )
-        if sidecar.gate_admission is not None:
-            gate_pb2_grpc.add_GateServicer_to_server(
-                GateServicer(sidecar.response_filter, sidecar.gate_admission), self._grpc
-            )
         # The standard gRPC health service, for Kubernetes' grpc probes and
         # Envoy's health checks: SERVING once the gate is ready, NOT_SERVING
         # from the moment it starts to stop.
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        self._gate: grpc.aio.Server | None = None
+        if sidecar.gate_admission is not None:
+            self._gate = grpc.aio.server(options=options)
+            gate_pb2_grpc.add_GateServicer_to_server(
+                GateServicer(
+                    sidecar.response_filter, sidecar.gate_admission, sidecar.answer_verifier
+                ),
+                self._gate,
+            )
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, self._gate)
         self._metrics_server: Any = None
         sidecar.metrics.serving.set(0)
 
@@ -458,16 +552,22 @@ class SidecarServer:
         if self._store_ready:
             await self._start_listener()
         address = settings.listen.grpc
-        try:
-            port = self._grpc.add_insecure_port(address)
-        except RuntimeError as exc:  # grpc's way of saying the address is taken
-            raise ListenError(f"cannot listen on {address}: {exc}") from None
-        if port == 0 and not address.startswith("unix:"):
-            raise ListenError(f"cannot listen on {address}")
+        add_listener(self._grpc, address, self._credentials)
+        if self._gate is not None:
+            assert settings.listen.gate is not None  # Sidecar.from_settings
+            add_listener(self._gate, settings.listen.gate)
         await self._grpc.start()
+        if self._gate is not None:
+            await self._gate.start()
         if self.sidecar.policy_source is not None:
             self.sidecar.policy_source.start()
-        log.info("gRPC (ext_authz, ext_proc, Gate, health) listening on %s", address)
+        log.info(
+            "gRPC (ext_authz, ext_proc, health) listening on %s%s",
+            address,
+            " (mTLS)" if self._credentials is not None else "",
+        )
+        if self._gate is not None:
+            log.info("gRPC (Gate, health) listening on %s", settings.listen.gate)
         pending = self.sidecar.pending_store
         if pending is None:
             await self._serving()
@@ -543,7 +643,8 @@ class SidecarServer:
             self._opening.cancel()
         self.sidecar.metrics.serving.set(0)
         await self._health.enter_graceful_shutdown()
-        await self._grpc.stop(grace)
+        servers = [self._grpc] if self._gate is None else [self._grpc, self._gate]
+        await asyncio.gather(*(server.stop(grace) for server in servers))
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
         await self.sidecar.aclose()

@@ -68,7 +68,7 @@ def worker_audit_log(audit_log: Path, index: int, workers: int) -> Path:
 
 
 def worker_settings(settings: Settings, index: int) -> Settings:
-    """The settings worker ``index`` runs with: its own address and audit chain, no /metrics."""
+    """The settings worker ``index`` runs with: its own addresses and audit chain, no /metrics."""
     workers = settings.listen.workers
     audit = settings.audit
     return replace(
@@ -77,6 +77,11 @@ def worker_settings(settings: Settings, index: int) -> Settings:
             settings.listen,
             workers=1,
             grpc=worker_addresses(settings.listen.grpc, workers)[index],
+            gate=(
+                None
+                if settings.listen.gate is None
+                else worker_addresses(settings.listen.gate, workers)[index]
+            ),
         ),
         audit=replace(
             audit,

@@ -1,8 +1,10 @@
 """A TTL cache in front of any metadata store.
 
 Found records are cached for ``ttl`` seconds, ids known to have no record for
-``negative_ttl`` seconds (usually shorter, so that newly loaded chunks appear
-soon); each kind is bounded in size, the oldest entries making room. A cached
+``negative_ttl`` seconds; each kind is bounded in size, the oldest entries
+making room. A found record and a known absence cost a lookup the same, and
+expire alike when the two TTLs are equal (the settings' default): the time of
+an answer must not say whether a record the caller may not read exists. A cached
 record is served until it expires even if the store has since changed it:
 ``ttl`` bounds how long a revocation can take to be enforced, unless someone
 calls ``invalidate`` or ``clear``. A serving gate has a change watcher that
@@ -129,7 +131,7 @@ class CachedStore:
         *,
         ttl: float = 30.0,
         maxsize: int = 100_000,
-        negative_ttl: float = 5.0,
+        negative_ttl: float = 30.0,
         negative_maxsize: int = 10_000,
         stale_if_error_seconds: float = 0.0,
         observer: CacheObserver | None = None,
@@ -177,6 +179,15 @@ class CachedStore:
         """Like ``fetch``, but a store failure still returns what the cache can serve."""
         records, unavailable, _ = await self._lookup(chunk_ids)
         return Lookup(records, unavailable)
+
+    async def fetch_current(self, chunk_ids: Collection[str]) -> Mapping[str, ChunkRecord]:
+        """Look records up in the store itself, never the cache (refreshing the cache).
+
+        For a question about *now* (was a chunk revoked since a decision?),
+        which a cached record up to ``ttl`` old could answer wrongly. Raises
+        StoreUnavailable; no stale record answers.
+        """
+        return await self._from_store(list(dict.fromkeys(chunk_ids)))
 
     def upsert(self, records: Iterable[ChunkRecord], *, reinstate: bool = False) -> int:
         """Write through to the inner store, then drop the written ids from the cache."""
@@ -256,17 +267,25 @@ class CachedStore:
         records = {}
         misses = []
         now = self._timer()
+        found = self._found
+        absent = self._absent
         for chunk_id in unique:
-            # Indexing is about three times faster than TTLCache.get, which
-            # checks expiry twice; this loop runs for every chunk of every response.
-            try:
-                entry = self._found[chunk_id]
-            except KeyError:
-                if chunk_id not in self._absent:
+            # Both caches are asked about every id, so that a found record and a
+            # known absence cost the same: one hit and one miss. Otherwise the
+            # time of Gate/Filter's answer would tell a caller whether a record
+            # it may not read exists (it is answered as an unknown id).
+            # (Membership then one index, the fastest symmetric form measured:
+            # about 0.7 us per id, where indexing ``found`` alone took 0.25.)
+            is_found = chunk_id in found
+            is_absent = chunk_id in absent
+            if is_found:
+                entry = found[chunk_id]
+                if now < entry.fresh_until:
+                    records[chunk_id] = entry.record
+                else:
                     misses.append(chunk_id)
-                continue
-            if now < entry.fresh_until:
-                records[chunk_id] = entry.record
+            elif is_absent:
+                absent[chunk_id]  # the index the found path takes
             else:
                 misses.append(chunk_id)
         if len(unique) > len(misses):

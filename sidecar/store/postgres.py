@@ -226,7 +226,7 @@ class PostgresStore:
                     f"PostgreSQL metadata query on {self.url} failed: {describe_error(exc)}"
                 )
             ) from None
-        return _ROWS.decode_rows(rows)
+        return _ROWS.decode_rows(rows, asked=len(ids))
 
     async def _lookup(self, ids: list[str]) -> list[TupleRow]:
         try:

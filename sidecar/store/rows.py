@@ -17,10 +17,25 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
+from functools import cached_property
 
 from sidecar.core.chunk_record import ChunkRecord, Status
 
 _log = logging.getLogger(__name__)
+
+# Decoded, never returned (RowCodec.decode_rows): shaped like a typical record.
+_DECOY_RECORD = ChunkRecord(
+    chunk_id="decoy-0000000000000000",
+    doc_id="decoy-document",
+    version="1",
+    tenant_id="decoy-tenant",
+    allowed_principals=("group:decoy",),
+    status=Status.APPROVED,
+    effective_at=datetime(2025, 1, 1, tzinfo=UTC),
+    expires_at=None,
+    sha256="0" * 64,
+    source_uri="https://decoy.invalid/document",
+)
 
 
 class UndecodableColumn(ValueError):
@@ -130,14 +145,34 @@ class RowCodec:
             )
             return None
 
-    def decode_rows(self, rows: Iterable[Sequence[object]]) -> dict[str, ChunkRecord]:
-        """The records in looked-up rows by chunk id, leaving out (and logging) bad rows."""
+    def decode_rows(
+        self, rows: Iterable[Sequence[object]], asked: int = 0
+    ) -> dict[str, ChunkRecord]:
+        """The records in looked-up rows by chunk id, leaving out (and logging) bad rows.
+
+        ``asked``: how many ids the lookup asked for. A decoy row is decoded,
+        and dropped, for each of them that has no row, so that decoding costs
+        what it would if every id had a record: the time of a lookup then says
+        less about whether records the caller may not read exist (the database
+        still reads the rows it finds: see docs/security.md).
+        """
         records = {}
+        decoded = 0
         for row in rows:
+            decoded += 1
             record = self.decode_or_log(row)
             if record is not None:
                 records[record.chunk_id] = record
+        if decoded < asked:
+            decoy = self._decoy_row
+            for _ in range(asked - decoded):
+                self.decode(decoy)
         return records
+
+    @cached_property
+    def _decoy_row(self) -> tuple[object, ...]:
+        """A looked-up row in this backend's stored form, of a record no lookup returns."""
+        return (*self.encode(_DECOY_RECORD), False)
 
     def _principals(self, stored: object) -> tuple[str, ...]:
         try:

@@ -185,7 +185,7 @@ class SqliteStore:
                 selected = _select(self._reader, ids)
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"SQLite metadata query failed: {exc}") from exc
-        return _ROWS.decode_rows(selected)
+        return _ROWS.decode_rows(selected, asked=len(ids))
 
     def upsert(self, records: Iterable[ChunkRecord], *, reinstate: bool = False) -> int:
         """Insert or replace records in one transaction (all or none); return the count.

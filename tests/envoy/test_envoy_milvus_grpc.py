@@ -13,7 +13,10 @@ text is null is never released.
 Every row's tenant sits in the indexed field ``tenant``, so the default
 push-down (``tenant == "<caller's tenant>" and (...)``) hides other tenants'
 rows inside Milvus: a row indexed under another tenant whose chunk record
-would admit it never comes back.
+would admit it never comes back. A gate whose ``tenant_key`` names a field the
+collections lack gets Milvus' error inside an OK reply: the client is told
+``tenant_field_missing``, the audit record and a WARNING line say what Milvus
+answered.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
+import orjson
 import pytest
 from milvus_lite.adapter.grpc.server import start_server_in_thread
 from pymilvus import AnnSearchRequest, DataType, MilvusClient, MilvusException, RRFRanker
 
+from sidecar.audit.record import UPSTREAM_TEXT_BYTES
 from sidecar.formats.milvus.rest import ERROR_MESSAGE
 from tests.fixtures import tokens
 from tests.fixtures.harness import GateStack
@@ -325,3 +330,68 @@ def test_released_columns_stay_aligned_in_search_and_query(releasing: MilvusClie
     for row in rows:
         number = _numbers(INT_KEYS, [row])[0]
         assert row == {"id": number, **_row_fields(number)}
+
+
+# -- a tenant_key the collections lack ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def misconfigured(tmp_path_factory: pytest.TempPathFactory, milvus: int) -> Iterator[GateStack]:
+    """A gate in front of the same Milvus pushing the tenant into ``org_id``, a field
+    no collection has, with the per-decision log line on."""
+    workdir = tmp_path_factory.mktemp("milvus-grpc-no-field")
+    gate = GateStack(
+        workdir,
+        [record_dict(INT_KEYS.chunk_id(n)) for n in ADMITTED],
+        config={
+            **tokens.hmac_identity(workdir, SECRET),
+            "tenant_key": "org_id",
+            "log_decisions": True,
+        },
+        upstream_url=f"http://127.0.0.1:{milvus}",
+    ).start()
+    yield gate
+    gate.stop()
+
+
+def _sidecar_log(stack: GateStack) -> list[str]:
+    return (stack.workdir / "sidecar.log").read_text().splitlines()
+
+
+@pytest.mark.parametrize("call", ["search", "query"])
+def test_a_tenant_field_the_collection_lacks_is_named_audited_and_logged(
+    misconfigured: GateStack, call: str
+) -> None:
+    client = MilvusClient(uri=misconfigured.url, token=jwt(), timeout=20)
+    started = time.monotonic()
+    # pymilvus raises a gRPC status it does not retry as it came.
+    with pytest.raises(grpc.RpcError) as raised:
+        if call == "search":
+            client.search(INT_KEYS.name, data=[[100.0, 0.0]], limit=3, anns_field="vec")
+        else:
+            client.query(INT_KEYS.name, filter="id > 0", limit=3)
+    client.close()
+    # PERMISSION_DENIED: pymilvus gives up at once instead of retrying for minutes.
+    assert time.monotonic() - started < 10
+    error: Any = raised.value
+    assert error.code() is grpc.StatusCode.PERMISSION_DENIED
+    record = misconfigured.audit_records()[-1]
+    # Milvus' text (which names the field and quotes the expression) stays in the record.
+    assert orjson.loads(error.details()) == {
+        "error": "tenant_field_missing",
+        "decision_id": record["decision_id"],
+    }
+    assert (record["outcome"], record["error"]) == ("error", "tenant_field_missing")
+    # Milvus Lite answers OK with its error class in the status (6), and names the field.
+    assert (record["upstream_status"], record["upstream_code"]) == (200, "milvus:6")
+    assert record["upstream_text"].startswith("unknown field 'org_id'")
+    assert len(record["upstream_text"].encode()) <= UPSTREAM_TEXT_BYTES
+    assert not {"candidates", "released"} & record.keys()
+    lines = _sidecar_log(misconfigured)
+    (warning,) = [line for line in lines if "WARNING" in line and record["decision_id"] in line]
+    assert "upstream code milvus:6" in warning and "gate code tenant_field_missing" in warning
+    (decision,) = [line for line in lines if f"decision {record['decision_id']} " in line]
+    assert "outcome=error code=tenant_field_missing upstream_code=milvus:6" in decision
+    # Neither line carries Milvus' text, which quotes the expression and the tenant.
+    for line in (warning, decision):
+        assert "unknown field" not in line and "acme" not in line

@@ -10,28 +10,25 @@ is the fixture server (a fake Qdrant, sidecar.demo.upstream).
 
 from __future__ import annotations
 
-import datetime
 import http.client
 import ipaddress
 import signal
 import ssl
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from sidecar.core.caller import Caller
 from sidecar.demo.upstream import CannedResponse, FixtureUpstream
 from sidecar.runtime.ports import free_port
 from tests.fixtures import qdrant_bodies as qb
 from tests.fixtures.harness import CLI, GateStack, HttpResult, search_ids, wait_until, write_records
+from tests.fixtures.pki import Authority, Issued
 from tests.fixtures.records import record_dict, text_for
 from tests.fixtures.stores import new_sqlite_url
 
@@ -62,84 +59,6 @@ FORGED = {
     "x-forwarded-client-cert": f"By=spiffe://cluster.local/ns/db/sa/qdrant;URI={RAG}",
     "authorization": "Bearer not-a-workload",
 }
-
-
-# --- A test PKI ---------------------------------------------------------------------------------
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-@dataclass(frozen=True)
-class Issued:
-    """A certificate and its key, as PEM files."""
-
-    cert: Path
-    key: Path
-
-
-class Authority:
-    """A CA that writes itself and the certificates it issues to ``directory``."""
-
-    def __init__(self, directory: Path, name: str) -> None:
-        self.directory = directory
-        self.name = name
-        self._key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
-        self._cert = (
-            x509.CertificateBuilder()
-            .subject_name(_name(name))
-            .issuer_name(_name(name))
-            .public_key(self._key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .sign(self._key, hashes.SHA256())
-        )
-        self.bundle = directory / f"{name}.pem"
-        self.bundle.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
-
-    def issue(
-        self, label: str, sans: Sequence[x509.GeneralName], *, server: bool = False
-    ) -> Issued:
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
-        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(label))
-            .issuer_name(self._cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        )
-        if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        cert = builder.sign(self._key, hashes.SHA256())
-        issued = Issued(
-            self.directory / f"{self.name}-{label}.pem", self.directory / f"{self.name}-{label}.key"
-        )
-        issued.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        issued.key.write_bytes(_pem_key(key))
-        issued.key.chmod(0o600)
-        return issued
-
-    def workload(self, label: str, *uris: str) -> Issued:
-        """A client certificate whose URI SANs are ``uris``, in that order."""
-        return self.issue(label, [x509.UniformResourceIdentifier(u) for u in uris])
 
 
 @dataclass(frozen=True)

@@ -5,17 +5,23 @@ released by allowlist like a body: a non-2xx answer keeps its status but the
 client gets the gate's body and no upstream header, the upstream's text goes
 to the audit record only; a 2xx answer keeps only allowlisted upstream
 headers. Routes may opt out (``pass_upstream_errors``), and audit mode
-changes nothing the client gets.
+changes nothing the client gets. A gRPC error sent in trailers after the
+response headers (a fake gRPC server, ``FailAfterHeaders``) is an upstream
+error too: recorded, logged, and the client keeps its status.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
+import grpc
+import orjson
 import pytest
 
 from sidecar.demo.upstream import CannedResponse
 from tests.fixtures import qdrant_bodies as qb
+from tests.fixtures.grpc_upstream import FailAfterHeaders, FakeGrpcUpstream
 from tests.fixtures.harness import GateStack, HttpResult, search_ids
 from tests.fixtures.records import record_dict, text_for
 
@@ -150,3 +156,49 @@ def test_audit_mode_leaves_the_upstream_headers_of_a_filtered_answer(stack: Gate
     stack.upstream.respond("POST", path, CannedResponse(body, 200, UPSTREAM_HEADERS))
     response = stack.search(path)
     assert response.headers["etag"] == '"all-tenants-v7"'
+
+
+# -- a gRPC error after the response headers ---------------------------------------------
+
+GRPC_SEARCH = "/milvus.proto.milvus.MilvusService/Search"
+
+
+def _fail(request: bytes) -> bytes:
+    raise FailAfterHeaders(grpc.StatusCode.INVALID_ARGUMENT, f"cannot search near '{FOREIGN}'")
+
+
+@pytest.fixture(scope="module")
+def grpc_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GateStack]:
+    upstream = FakeGrpcUpstream({GRPC_SEARCH: _fail}).start()
+    gate = GateStack(
+        tmp_path_factory.mktemp("upstream-errors-grpc"),
+        [record_dict("1")],
+        grpc_upstream_url=upstream.url,
+    ).start()
+    yield gate
+    gate.stop()
+    upstream.stop()
+
+
+def test_a_grpc_error_after_the_headers_is_recorded_and_keeps_its_status(
+    grpc_stack: GateStack,
+) -> None:
+    with grpc.insecure_channel(grpc_stack.url.removeprefix("http://")) as channel:
+        search = channel.unary_unary(GRPC_SEARCH)
+        metadata = (("x-gate-tenant", "acme"), ("x-gate-principals", "group:qa"))
+        with pytest.raises(grpc.RpcError) as raised:
+            search(b"", metadata=metadata, timeout=10)
+    error: Any = raised.value
+    record = last_record(grpc_stack)
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert orjson.loads(error.details()) == {
+        "error": "upstream_error",
+        "decision_id": record["decision_id"],
+    }
+    assert (record["outcome"], record["error"]) == ("error", "upstream_error")
+    assert (record["upstream_status"], record["upstream_code"]) == (200, "grpc:3")
+    assert record["upstream_text"] == f"cannot search near '{FOREIGN}'"
+    log = (grpc_stack.workdir / "sidecar.log").read_text()
+    (warning,) = [line for line in log.splitlines() if str(record["decision_id"]) in line]
+    assert "WARNING" in warning and "upstream code grpc:3" in warning
+    assert FOREIGN.splitlines()[0] not in log

@@ -141,7 +141,7 @@ def test_a_second_sidecar_on_a_taken_port_fails_instead_of_sharing_it(tmp_path: 
     config.write_text(
         '[identity]\nmode = "trusted-headers"\n'
         f'[store]\nurl = "{new_sqlite_url(tmp_path / "gate.db")}"\n'
-        f'[listen]\ngrpc = "127.0.0.1:{port}"\n'
+        f'[listen]\ngrpc = "127.0.0.1:{port}"\nexpose_grpc = true\n'
     )
     first = subprocess.Popen([*CLI, "serve", "--config", str(config)], stderr=subprocess.PIPE)
     try:

@@ -51,7 +51,7 @@ def _raw_filter(
     metadata: tuple[tuple[str, str], ...],
     candidates: Sequence[tuple[str, str]] = INDEX,
 ) -> gate_pb2.FilterResponse:
-    with grpc.insecure_channel(f"unix:{stack.socket}") as channel:
+    with grpc.insecure_channel(f"unix:{stack.gate_socket}") as channel:
         request = gate_pb2.FilterRequest(
             candidates=[gate_pb2.Candidate(id=cid, text=text) for cid, text in candidates],
             collection=COLLECTION,

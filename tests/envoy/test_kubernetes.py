@@ -42,6 +42,7 @@ from tests.fixtures.envoy_configs import (
     JWT_AUTHN,
     ROUTER,
     SIDECAR_CLUSTER,
+    cluster,
     connection_manager,
     connection_manager_filter,
     deep_merge,
@@ -297,13 +298,53 @@ def test_the_gateway_pod_calls_no_kubernetes_api() -> None:
     assert pod_spec("gateway")["serviceAccountName"] == account["metadata"]["name"]
 
 
+CHANNEL = "retrieval-gate-channel"  # the volume holding Envoy's socket to the gate
+
+
+def _mounts(spec: dict[str, Any], volume: str) -> list[dict[str, Any]]:
+    return [m for m in spec.get("volumeMounts", []) if m["name"] == volume]
+
+
+def istio_proxy_mounts(overlay: str) -> list[dict[str, Any]]:
+    """What the pod asks Istio to mount in istio-proxy (sidecar.istio.io/userVolumeMount)."""
+    annotations = gated_deployment(overlay)["spec"]["template"]["metadata"]["annotations"]
+    mounts: list[dict[str, Any]] = json.loads(annotations["sidecar.istio.io/userVolumeMount"])
+    return mounts
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_the_gate_listens_on_loopback_and_its_probes_call_that_address(
+def test_the_gate_listens_on_a_socket_only_envoy_shares_and_its_probes_call_it(
     overlay: str, tmp_path: Path
 ) -> None:
     settings = pod_settings(overlay, tmp_path)
-    assert settings.listen.grpc.rpartition(":")[0] == "127.0.0.1"  # nobody outside the pod
+    # A unix socket: no TCP port, which every container of the pod could reach.
+    assert settings.listen.grpc.startswith("unix:/")
+    socket_path = Path(settings.listen.grpc.removeprefix("unix:"))
+    assert not settings.listen.expose_grpc and settings.listen.gate is None
+    pod = pod_spec(overlay)
     gate = container(overlay, GATE)
+    (gate_mount,) = _mounts(gate, CHANNEL)
+    assert gate_mount["mountPath"] == str(socket_path.parent)
+    (volume,) = [v for v in pod["volumes"] if v["name"] == CHANNEL]
+    assert set(volume) == {"name", "emptyDir"}  # the pod's own, gone with it
+    # Mounted in the gate and in the one Envoy that calls it, nowhere else.
+    every = [*pod["initContainers"], *pod["containers"]]
+    mounted = {c["name"] for c in every if _mounts(c, CHANNEL)}
+    if overlay == "gateway":
+        assert mounted == {GATE, ENVOY}
+        (envoy_mount,) = _mounts(container(overlay, ENVOY), CHANNEL)
+        envoy_side = envoy_mount
+        # Envoy runs as the gate's user: the socket's owner (mode 0660).
+        envoy = effective_security(pod, container(overlay, ENVOY))
+        assert envoy["runAsUser"] == effective_security(pod, gate)["runAsUser"]
+    else:
+        assert mounted == {GATE}
+        (envoy_side,) = [m for m in istio_proxy_mounts(overlay) if m["name"] == CHANNEL]
+        # istio-proxy's user is Istio's: the socket's group (the emptyDir's fsGroup,
+        # every container's supplementary group) admits it.
+        assert isinstance(pod["securityContext"]["fsGroup"], int)
+    assert envoy_side["mountPath"] == str(socket_path.parent)
+    assert envoy_side["readOnly"] is True  # Envoy connects; it cannot replace the socket
     env = {e["name"]: e.get("value") for e in gate["env"]}
     assert env["GATE_HEALTHCHECK_ADDRESS"] == settings.listen.grpc
     # The probes run the image's health check, where the Dockerfile puts it.
@@ -318,6 +359,18 @@ def test_the_gate_listens_on_loopback_and_its_probes_call_that_address(
     # containers after it (perhaps the proxy it reaches the store through) start.
     for probe in ("startupProbe", "livenessProbe"):
         assert gate[probe]["exec"]["command"] == ["python", copied.group(1), "--alive"], probe
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_envoy_dials_the_gates_socket(overlay: str, tmp_path: Path) -> None:
+    path = pod_settings(overlay, tmp_path).listen.grpc.removeprefix("unix:")
+    if overlay == "gateway":
+        (config,) = yaml_documents(config_file("gateway", "retrieval-gate-envoy", "envoy.yaml"))
+        sidecar = cluster(config, SIDECAR_CLUSTER)
+    else:
+        sidecar = patch_value(overlay, "CLUSTER", "ADD")
+    (group,) = sidecar["load_assignment"]["endpoints"]
+    assert [e["endpoint"]["address"] for e in group["lb_endpoints"]] == [{"pipe": {"path": path}}]
 
 
 def test_gateway_envoy_probes_reach_only_envoys_ready_endpoint() -> None:
@@ -696,9 +749,11 @@ def test_the_ext_authz_provider_is_the_gate_and_fails_closed(tmp_path: Path) -> 
     assert grpc["statusOnError"] == "503"
     (entry,) = objects("istio-ext-authz", "ServiceEntry")
     assert grpc["service"] in entry["spec"]["hosts"]
-    assert [e["address"] for e in entry["spec"]["endpoints"]] == ["127.0.0.1"]
+    # The gate's socket (Istio's spelling of a unix address), which istio-proxy mounts.
+    assert settings.listen.grpc.startswith("unix:/")
+    path = settings.listen.grpc.removeprefix("unix:")
+    assert [e["address"] for e in entry["spec"]["endpoints"]] == [f"unix://{path}"]
     assert [p["number"] for p in entry["spec"]["ports"]] == [grpc["port"]]
-    assert settings.listen.grpc == f"127.0.0.1:{grpc['port']}"
     # Istio's check carries no filter metadata unless told: the verified payload must go along.
     merge = next(
         p

@@ -87,6 +87,27 @@ def test_the_metrics_port_in_use(tmp_path: Path, taken_port: int, workers: str) 
     assert_one_line(result, f"telemetry.metrics {address}:", "in use", "--metrics")
 
 
+def test_a_socket_in_a_missing_directory(tmp_path: Path) -> None:
+    missing = tmp_path / "run" / "retrieval-gate"
+    result = serve(
+        tmp_path, "--identity", "trusted-headers", "--grpc-listen", f"unix:{missing}/envoy.sock"
+    )
+    assert_one_line(
+        result, f"cannot listen on unix:{missing}/envoy.sock", f"no directory {missing}"
+    )
+
+
+def test_an_unreadable_mtls_file(tmp_path: Path) -> None:
+    absent = tmp_path / "tls.crt"
+    result = serve(
+        tmp_path,
+        *("--identity", "trusted-headers", "--grpc-listen", "127.0.0.1:1"),
+        *("--grpc-cert-file", str(absent), "--grpc-key-file", str(absent)),
+        *("--grpc-client-ca-file", str(absent), "--grpc-client-id", "spiffe://td/envoy"),
+    )
+    assert_one_line(result, f"listen.grpc_cert_file {absent}", "No such file")
+
+
 def test_version_names_the_installed_release() -> None:
     done = subprocess.run([*CLI, "--version"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0

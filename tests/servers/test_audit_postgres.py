@@ -462,11 +462,24 @@ def test_a_malformed_url_is_refused_without_echoing_the_password(
     assert "s3cret" not in capsys.readouterr().err
 
 
-def test_an_upstream_error_record_ships_and_verifies_and_its_text_cannot_be_edited(
-    tmp_path: Path, dsn: str
+# Upstream errors as records keep them: a non-2xx body (bounded, U+FFFD for bad
+# bytes), and an error a database reported inside a 2xx answer, with its code.
+UPSTREAM_ERRORS = {
+    "http": UpstreamError.from_body(500, b'{"error":"near \'it\\u00e9s\'\n\xff"}' + b"x" * 2000),
+    "reported": UpstreamError.from_text(
+        200, "milvus:1100", 'cannot parse expression: tenant == "acme", near: ' + "é" * 900
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "edit"),
+    [("http", ("near", "far")), ("reported", ("near", "far")), ("reported", ("1100", "1101"))],
+)
+def test_an_upstream_error_record_ships_and_verifies_and_cannot_be_edited(
+    tmp_path: Path, dsn: str, kind: str, edit: tuple[str, str]
 ) -> None:
-    # The upstream's text as the record keeps it: bounded, U+FFFD for bad bytes.
-    upstream = UpstreamError.from_body(500, b'{"error":"near \'it\\u00e9s\'\n\xff"}' + b"x" * 2000)
+    upstream = UPSTREAM_ERRORS[kind]
     error = AuditRecord(
         decision_id="d-up",
         request_id="r",
@@ -490,11 +503,12 @@ def test_an_upstream_error_record_ships_and_verifies_and_its_text_cannot_be_edit
     assert report.ok and report.records == 1
     with psycopg.connect(dsn) as connection:
         (line,) = connection.execute("SELECT record FROM audit_records").fetchone() or ("",)
-    assert orjson.loads(line)["upstream_text"] == upstream.text
+    shipped = orjson.loads(line)
+    assert (shipped["upstream_code"], shipped["upstream_text"]) == (upstream.code, upstream.text)
     admin(
         dsn,
         "ALTER TABLE audit_records DISABLE TRIGGER USER",
-        "UPDATE audit_records SET record = replace(record, 'near', 'far')",
+        f"UPDATE audit_records SET record = replace(record, '{edit[0]}', '{edit[1]}')",
     )
     [report] = verify_postgres_chain(dsn)
     assert report.problem == "seq 1: content does not match its sha256 (edited)"

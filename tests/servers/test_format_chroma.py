@@ -218,7 +218,6 @@ READ = [
     ("GET", f"{DB}/collections/docs"),
     ("GET", f"{DB}/collections/by-id/{COLLECTION_ID}"),
     ("GET", f"{COLL}/fork_count"),
-    ("GET", f"{COLL}/indexing_status"),
     ("GET", f"{COLL}/functions/stats"),
     ("GET", f"{V2}/collections/crn:acme:prod:docs"),
     ("OPTIONS", f"{COLL}/query"),
@@ -242,8 +241,10 @@ WRITE = [
     ("POST", f"{COLL}/attached_functions/stats/detach"),
 ]
 CONTENT = [
-    # A collection's record count counts every tenant's records.
+    # A collection's record count counts every tenant's records, its indexing
+    # status every tenant's record operations.
     ("GET", f"{COLL}/count"),
+    ("GET", f"{COLL}/indexing_status"),
     # Unknown to the adapter: a newer server's endpoint may return records.
     ("POST", f"{COLL}/export"),
     ("GET", f"{COLL}/records"),
@@ -343,7 +344,7 @@ def test_every_route_of_the_openapi_document_is_classified() -> None:
         ("POST", "/tenants/{t}/databases/{d}/collections/{c}/functions/attach"): RouteKind.WRITE,
         ("GET", "/tenants/{t}/databases/{d}/collections/{c}/functions/{f}"): RouteKind.READ,
         ("POST", "/tenants/{t}/databases/{d}/collections/{c}/get"): RouteKind.FILTERED,
-        ("GET", "/tenants/{t}/databases/{d}/collections/{c}/indexing_status"): RouteKind.READ,
+        ("GET", "/tenants/{t}/databases/{d}/collections/{c}/indexing_status"): RouteKind.CONTENT,
         ("POST", "/tenants/{t}/databases/{d}/collections/{c}/query"): RouteKind.FILTERED,
         ("POST", "/tenants/{t}/databases/{d}/collections/{c}/search"): RouteKind.FILTERED,
         ("POST", "/tenants/{t}/databases/{d}/collections/{c}/update"): RouteKind.WRITE,

@@ -18,7 +18,7 @@ from sidecar.runtime.addresses import (
 )
 from sidecar.runtime.bootstrap import Upstream, build_bootstrap
 from sidecar.runtime.envoy_process import read_admin_address
-from sidecar.runtime.workers import worker_addresses
+from sidecar.runtime.workers import worker_addresses, worker_settings
 from tests.fixtures.settings import settings_of
 
 
@@ -65,6 +65,22 @@ def test_socket_addresses() -> None:
     assert parse_socket_address("[::1]:9001") == HostPort("::1", 9001)
     with pytest.raises(ValueError, match="expected host:port"):
         parse_socket_address("/run/gate.sock")
+
+
+def test_each_worker_serves_the_gate_on_its_own_address_beside_envoys() -> None:
+    settings = settings_of(
+        identity=IdentityMode.TRUSTED_HEADERS,
+        grpc_listen="unix:/run/retrieval-gate/envoy.sock",
+        gate_listen="127.0.0.1:9100",
+        workers=2,
+    )
+    listens = [worker_settings(settings, i).listen for i in range(2)]
+    assert [(w.grpc, w.gate) for w in listens] == [
+        ("unix:/run/retrieval-gate/envoy.sock.0", "127.0.0.1:9100"),
+        ("unix:/run/retrieval-gate/envoy.sock.1", "127.0.0.1:9101"),
+    ]
+    alone = settings_of(identity=IdentityMode.TRUSTED_HEADERS, workers=2)
+    assert worker_settings(alone, 1).listen.gate is None
 
 
 def test_worker_addresses_keep_ipv6_brackets() -> None:

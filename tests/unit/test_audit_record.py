@@ -115,9 +115,31 @@ def test_an_upstream_error_keeps_its_status_and_text_and_no_decision_fields() ->
     record.upstream = UpstreamError.from_body(503, b'{"error":"shard failed"}')
     out = record.to_dict()
     assert out["error"] == "upstream_error"
-    assert (out["upstream_status"], out["upstream_text"]) == (503, '{"error":"shard failed"}')
+    assert (out["upstream_status"], out["upstream_code"], out["upstream_text"]) == (
+        503,
+        "http:503",
+        '{"error":"shard failed"}',
+    )
     assert not {"candidates", "rejected", "admitted", "released", "refusal"} & out.keys()
     assert "upstream_status" not in _record(error="upstream_body_malformed").to_dict()
+
+
+def test_an_error_reported_inside_an_answer_keeps_the_databases_code() -> None:
+    record = _record(error="upstream_error")
+    record.upstream = UpstreamError.from_text(200, "milvus:1100", "field tenant not exist")
+    out = record.to_dict()
+    assert (out["upstream_status"], out["upstream_code"], out["upstream_text"]) == (
+        200,
+        "milvus:1100",
+        "field tenant not exist",
+    )
+
+
+def test_an_error_text_is_bounded_to_its_first_kib_as_utf8() -> None:
+    # A three-byte character cut at the bound: 341 whole ones, then U+FFFD.
+    upstream = UpstreamError.from_text(200, "milvus:1100", "€" * 1000)
+    assert upstream.text == "€" * 341 + "\ufffd"
+    assert len(upstream.text.encode()) <= UPSTREAM_TEXT_BYTES + 2
 
 
 @given(st.binary(max_size=3 * UPSTREAM_TEXT_BYTES))

@@ -46,10 +46,18 @@ SETTING_FLAGS = {
     *("--upstream-credential-file", "--upstream-credential-header"),
     "--upstream-credential-prefix",
     *("--store-pool-min", "--store-pool-max", "--store-pgbouncer", "--store-listen-url"),
+    # Since issue 26: the per-decision log line.
+    "--log-decisions",
+    # Since issue 27: Envoy's channel (mTLS with a pinned client) and the Gate's listener.
+    *("--grpc-cert-file", "--grpc-key-file", "--grpc-client-ca-file", "--grpc-client-id"),
+    "--gate-listen",
+    # Signed audit checkpoints (issue 29).
+    *("--checkpoint-key-file", "--checkpoint-key-id", "--checkpoint-every-records"),
+    "--checkpoint-every-seconds",
 }
 NEGATIONS = {
     *("--no-allow-plain-http", "--no-expose-grpc-listen", "--no-substitute-superseded"),
-    "--no-store-pgbouncer",
+    *("--no-store-pgbouncer", "--no-log-decisions"),
 }
 PROXY_ONLY = {
     "--upstream",
@@ -58,6 +66,8 @@ PROXY_ONLY = {
     "--envoy-concurrency",
     "--drain-seconds",
 }
+# `check` asks the database where `proxy` would forward (issue 26).
+CHECK_ONLY = {"--upstream", "--grpc-upstream", "--database", "--collection", "--timeout", "--json"}
 
 # Given before the flag under test (which, coming last, wins): enough for
 # load_settings to accept any one of the others.
@@ -76,6 +86,14 @@ COMPANIONS = {
         *("--upstream-credential-file", "credential", "--upstream-credential-header", "api-key")
     ],
     "store_pool_min": ["--store-pool-max", "8"],
+    "checkpoint_key_id": ["--checkpoint-key-file", "checkpoint.pem"],
+    **{
+        name: [
+            *("--grpc-cert-file", "c.pem", "--grpc-key-file", "k.pem"),
+            *("--grpc-client-ca-file", "ca.pem", "--grpc-client-id", "spiffe://td/envoy"),
+        ]
+        for name in ("grpc_cert_file", "grpc_key_file", "grpc_client_ca_file", "grpc_client_id")
+    },
     **{
         name: ["--policy-bundle", "bundle.tar.gz", "--policy-bundle-public-key", "k.pem"]
         for name in ("policy_bundle_key_algorithm", "policy_bundle_key_id", "policy_bundle_scope")
@@ -138,11 +156,10 @@ def option_strings(command: str) -> set[str]:
     return {flag for action in parser._actions for flag in action.option_strings}
 
 
-@pytest.mark.parametrize("command", ["serve", "proxy"])
+@pytest.mark.parametrize("command", ["serve", "proxy", "check"])
 def test_the_flags_are_todays_flags(command: str) -> None:
     expected = {"-h", "--help", "--config", *SETTING_FLAGS, *NEGATIONS}
-    if command == "proxy":
-        expected |= PROXY_ONLY
+    expected |= {"proxy": PROXY_ONLY, "check": CHECK_ONLY}.get(command, set())
     assert option_strings(command) == expected
 
 
@@ -163,6 +180,7 @@ def test_flags_whose_name_is_not_their_key() -> None:
     assert renamed == {
         "--grpc-listen": "listen.grpc",
         "--expose-grpc-listen": "listen.expose_grpc",
+        "--gate-listen": "listen.gate",
         "--identity": "identity.mode",
         "--policy-engine": "policy.engine",
         "--policy-dir": "policy.dir",

@@ -56,7 +56,7 @@ def test_identity_is_required_and_its_modes_are_listed() -> None:
 
 
 def test_every_setting_is_in_exactly_one_group() -> None:
-    assert len(SETTINGS) == 73  # with routes and formats: 75
+    assert len(SETTINGS) == 83  # with routes and formats: 85
     assert len({spec.path for spec in SETTINGS}) == len(SETTINGS)
     assert len({spec.name for spec in SETTINGS}) == len(SETTINGS)
     assert [f.name for f in fields(Settings)] == [*GROUPS, "routes", "formats"]
@@ -502,12 +502,13 @@ def test_defaults_are_unchanged() -> None:
     settings = Settings()
     assert settings.store.url == "sqlite:///retrieval-gate.db"
     assert settings.filter.mode is Mode.ENFORCE
-    assert (settings.listen.grpc, settings.listen.workers) == ("127.0.0.1:9001", 1)
+    assert settings.listen.grpc == "unix:/run/retrieval-gate/envoy.sock"
+    assert (settings.listen.workers, settings.listen.gate) == (1, None)
     assert settings.listen.max_body_bytes == 4 * 1024 * 1024
     assert settings.listen.message_timeout_ms == 2000
     assert not settings.listen.expose_grpc and not settings.policy.allow_plain_http
     assert (settings.cache.ttl_seconds, settings.cache.size) == (30.0, 100_000)
-    assert (settings.cache.negative_ttl_seconds, settings.cache.negative_size) == (5.0, 100_000)
+    assert (settings.cache.negative_ttl_seconds, settings.cache.negative_size) == (30.0, 100_000)
     assert settings.cache.stale_if_error_seconds == 0.0
     assert (settings.cache.verdict_size, settings.cache.request_size) == (20_000, 10_000)
     assert settings.policy.opa_timeout_ms == 500

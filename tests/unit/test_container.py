@@ -30,12 +30,12 @@ from packaging.version import Version
 from sidecar.cli import build_parser
 from sidecar.runtime.ports import free_port
 from tests.fixtures.container_lock import BUILD_LOCK, LOCK, RUNTIME_LOCK
+from tests.fixtures.dockerfile import DOCKERFILE, final_stage, instructions, one
 from tests.fixtures.harness import CLI
 from tests.fixtures.servers import server_missing
 from tests.fixtures.stores import new_sqlite_url
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILE = ROOT / "Dockerfile"
 CONTAINER = ROOT / "deploy" / "container"
 HEALTHCHECK = CONTAINER / "healthcheck.py"
 SCRIPT = CONTAINER / "build-and-demo.sh"
@@ -194,34 +194,6 @@ def test_the_generator_keeps_digests_it_already_has() -> None:
 # --- the Dockerfile -----------------------------------------------------------
 
 
-def instructions(dockerfile: Path = DOCKERFILE) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
-    joined: list[str] = []
-    current = ""
-    for raw in dockerfile.read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        current = f"{current} {line.removesuffix(chr(92)).strip()}".strip()
-        if not line.endswith("\\"):
-            joined.append(current)
-            current = ""
-    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in joined]
-
-
-def final_stage() -> list[tuple[str, str]]:
-    """The instructions of the last stage: the image that ships."""
-    steps = instructions()
-    last_from = max(i for i, (name, _) in enumerate(steps) if name == "FROM")
-    return steps[last_from:]
-
-
-def one(stage: list[tuple[str, str]], name: str) -> str:
-    found = [args for instruction, args in stage if instruction == name]
-    assert len(found) == 1, f"{name}: {found}"
-    return found[0]
-
-
 def test_every_stage_builds_on_the_base_image_argument() -> None:
     steps = instructions()
     name, default = steps[0]
@@ -254,20 +226,25 @@ def test_default_command_is_serve_with_flags_the_cli_has() -> None:
     args = build_parser().parse_args(command)
     assert args.command == "serve"
     assert str(args.config) == "/etc/retrieval-gate/gate.toml"
-    # Loopback by default: a wider address is the deployment's explicit choice.
-    assert args.grpc_listen == "127.0.0.1:9001"
+    # Envoy's channel is a unix socket, in the directory the image makes for it:
+    # the gate's user alone writes it, its group (Envoy's) may search it.
+    assert args.grpc_listen == "unix:/run/retrieval-gate/envoy.sock"
     assert not args.expose_grpc_listen
     assert args.metrics == "127.0.0.1:9464"
-    assert one(stage, "EXPOSE").split() == ["9001", "9464"]
+    assert one(stage, "EXPOSE").split() == ["9464"]
+    user = one(stage, "USER")
+    (setup,) = [args for name, args in stage if name == "RUN" and "/run/retrieval-gate" in args]
+    assert f"chown {user} /var/lib/retrieval-gate /run/retrieval-gate" in setup
+    assert "chmod 0750 /run/retrieval-gate" in setup
 
 
-def test_healthcheck_checks_the_port_the_default_command_serves() -> None:
+def test_healthcheck_checks_the_address_the_default_command_serves() -> None:
     spec = importlib.util.spec_from_file_location("container_healthcheck", HEALTHCHECK)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     command = build_parser().parse_args(json.loads(one(final_stage(), "CMD")))
-    assert module.DEFAULT_ADDRESS.rsplit(":", 1)[1] == command.grpc_listen.rsplit(":", 1)[1]
+    assert command.grpc_listen == module.DEFAULT_ADDRESS
     healthcheck = one(final_stage(), "HEALTHCHECK")
     copied = [args.split()[-1] for name, args in final_stage() if name == "COPY"]
     assert any(path in healthcheck for path in copied if path.endswith("healthcheck.py"))
@@ -316,6 +293,7 @@ def sidecar_address(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
     )
     command = [*CLI, "serve", "--identity", "trusted-headers"]
     command += ["--store", new_sqlite_url(tmp_path / "g.db"), "--grpc-listen", address]
+    command += ["--expose-grpc-listen"] if request.param == "tcp" else []
     with (tmp_path / "serve.log").open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:

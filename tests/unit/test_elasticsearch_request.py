@@ -116,12 +116,53 @@ def test_the_format_declares_its_request_checks() -> None:
         ("PUT", "/docs/_search", False),
         ("GET", "/docs/_doc/1", False),
         ("POST", "/docs/_count", False),
-        ("POST", "/docs/_pit", False),
+        ("DELETE", "/_pit", False),
         ("GET", "/", False),
+        # Read for an index_filter, to be refused.
+        ("POST", "/docs/_pit", True),
+        ("POST", "/logs-*/_pit", True),
     ],
 )
 def test_rewritten_routes(method: str, path: str, rewrites: bool) -> None:
     assert FMT.rewrites_request(Route(method, path)) is rewrites
+
+
+PIT = Route("POST", "/docs/_pit")
+
+
+@pytest.mark.parametrize(
+    "index_filter",
+    [
+        {"range": {"salary": {"gte": 100000}}},
+        {"term": {KEY: TENANT}},  # even the caller's own tenant: decided per shard
+        {"match_all": {}},
+    ],
+)
+def test_a_point_in_times_index_filter_is_refused(index_filter: Any) -> None:
+    body = orjson.dumps({"index_filter": index_filter})
+    with pytest.raises(UnfilterableRequest) as raised:
+        FMT.request_collections(body, PIT)
+    assert raised.value.code == "request_not_filterable"
+    assert b"100000" not in str(raised.value).encode()
+
+
+@pytest.mark.parametrize("body", [b"", b" ", b"{}"])
+def test_a_point_in_time_opened_without_a_filter_names_nothing(body: bytes) -> None:
+    assert FMT.request_collections(body, PIT) == ()
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"[]", b'{"index_filter": 1, "index_filter": 2}'])
+def test_an_unreadable_point_in_time_body_is_malformed(body: bytes) -> None:
+    with pytest.raises(MalformedRequest) as raised:
+        FMT.request_collections(body, PIT)
+    assert not isinstance(raised.value, UnfilterableRequest)
+
+
+def test_a_search_of_a_point_in_time_is_confined_like_any_search() -> None:
+    body = {"pit": {"id": "46ToAwMDaWR5", "keep_alive": "1m"}, "query": {"match": {"text": "x"}}}
+    out = rewritten(body, Route("POST", "/_search"))
+    assert out["pit"] == body["pit"]
+    assert out["query"] == {"bool": {"filter": [TERM], "must": [body["query"]]}}
 
 
 # -- the query ------------------------------------------------------------------------

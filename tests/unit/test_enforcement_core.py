@@ -216,9 +216,10 @@ def test_metrics_count_every_chunk_by_primary_reason(core: Core) -> None:
     )
     responses = "retrieval_gate_responses_total"
     assert core.sample(responses, outcome="filtered", format="qdrant", collection="other") == 3
-    # Three unique records per response; the first response evaluated them.
-    assert core.sample("retrieval_gate_verdict_cache_misses_total") == 3
-    assert core.sample("retrieval_gate_verdict_cache_hits_total") == 6
+    # Three unique records and an id without one (evaluated against its decoy, as
+    # the records are) per response; the first response evaluated them.
+    assert core.sample("retrieval_gate_verdict_cache_misses_total") == 4
+    assert core.sample("retrieval_gate_verdict_cache_hits_total") == 8
     assert core.sample("retrieval_gate_decision_seconds_count") == 3
 
 

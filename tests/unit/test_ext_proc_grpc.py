@@ -158,7 +158,97 @@ def test_an_upstream_grpc_error_keeps_its_status_and_loses_its_message(
         "error": "upstream_error",
         "decision_id": record["decision_id"],
     }
-    assert quoting in record["upstream_text"]
+    # The status as sent (a trailers-only error is HTTP 200), the gRPC status as
+    # the upstream's code, and its message as the text.
+    assert (record["upstream_status"], record["upstream_code"]) == (200, "grpc:5")
+    assert record["upstream_text"] == quoting
+    assert (record["outcome"], record["error"]) == ("error", "upstream_error")
+
+
+def test_a_grpc_message_is_recorded_percent_decoded(sidecar: Sidecar) -> None:
+    # gRPC percent-encodes grpc-message; the record keeps the text it stands for.
+    answers = run_stream(
+        sidecar,
+        [
+            request_headers(QUERY, content_type=GRPC),
+            response_headers(
+                end=True, grpc_status="13", grpc_message="caf%C3%A9 100%25", content_type=GRPC
+            ),
+        ],
+    )
+    assert answers[1].immediate_response.grpc_status.status == 13
+    (record,) = audit_records(sidecar)
+    assert (record["upstream_code"], record["upstream_text"]) == ("grpc:13", "café 100%")
+
+
+def trailers(**values: str) -> ext_proc.ProcessingRequest:
+    return ext_proc.ProcessingRequest(
+        response_trailers=ext_proc.HttpTrailers(trailers=headers(**values))
+    )
+
+
+def set_trailers(answer: ext_proc.ProcessingResponse) -> dict[str, str]:
+    mutation = answer.response_trailers.header_mutation
+    return {o.header.key: o.header.raw_value.decode() for o in mutation.set_headers}
+
+
+def test_a_grpc_error_in_trailers_after_the_headers_is_an_upstream_error(
+    sidecar: Sidecar,
+) -> None:
+    # A server that sent its headers first fails the call in its trailers, with no reply.
+    quoting = "point 'Text of chunk 2' failed"
+    answers = run_stream(
+        sidecar,
+        [
+            request_headers(QUERY, content_type=GRPC),
+            response_headers(content_type=GRPC),
+            trailers(grpc_status="3", grpc_message=quoting, x_db_hits="2"),
+        ],
+    )
+    (record,) = audit_records(sidecar)
+    assert (record["outcome"], record["error"]) == ("error", "upstream_error")
+    assert (record["upstream_status"], record["upstream_code"]) == (200, "grpc:3")
+    assert record["upstream_text"] == quoting
+    # The client keeps the status, and gets the gate's error in place of the message.
+    assert set_trailers(answers[2]) == {
+        "grpc-status": "3",
+        "grpc-message": orjson.dumps(
+            {"error": "upstream_error", "decision_id": record["decision_id"]}
+        ).decode(),
+    }
+    assert set(answers[2].response_trailers.header_mutation.remove_headers) == {"x-db-hits"}
+
+
+def test_a_grpc_error_in_trailers_after_a_reply_gets_a_record_of_its_own(
+    sidecar: Sidecar,
+) -> None:
+    answers = run_stream(
+        sidecar,
+        [
+            request_headers(QUERY, content_type=GRPC),
+            response_headers(content_type=GRPC),
+            response_body(BODY, end=False),
+            trailers(grpc_status="13", grpc_message="after a reply"),
+        ],
+    )
+    decided, failed = audit_records(sidecar)
+    assert (decided["outcome"], decided["released"]) == ("filtered", ["1"])
+    assert (failed["outcome"], failed["upstream_code"]) == ("error", "grpc:13")
+    assert set_trailers(answers[3])["grpc-status"] == "13"
+    assert failed["decision_id"] in set_trailers(answers[3])["grpc-message"]
+
+
+def test_an_ok_status_in_trailers_is_no_error(sidecar: Sidecar) -> None:
+    run_stream(
+        sidecar,
+        [
+            request_headers(QUERY, content_type=GRPC),
+            response_headers(content_type=GRPC),
+            response_body(BODY, end=False),
+            trailers(grpc_status="0"),
+        ],
+    )
+    assert [record["outcome"] for record in audit_records(sidecar)] == ["filtered"]
 
 
 def test_envoys_own_grpc_error_without_request_headers_passes(sidecar: Sidecar) -> None:

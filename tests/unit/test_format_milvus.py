@@ -134,12 +134,19 @@ def _body(action: str, rows: Sequence[Row] = ROWS, cost: int = 6) -> Body:
         ("POST", "/v2/vectordb/collections/get_compaction_state", RouteKind.READ),
         ("POST", "/v2/vectordb/partitions/list", RouteKind.READ),
         ("POST", "/v2/vectordb/partitions/get_stats", RouteKind.CONTENT),
-        ("POST", "/v2/vectordb/indexes/describe", RouteKind.READ),
+        ("POST", "/v2/vectordb/indexes/describe", RouteKind.CONTENT),  # indexedRows, totalRows
+        ("POST", "/v2/vectordb/indexes/list", RouteKind.READ),  # names only
         ("POST", "/v2/vectordb/aliases/describe", RouteKind.READ),
         ("POST", "/v2/vectordb/databases/list", RouteKind.READ),
         ("POST", "/v2/vectordb/users/describe", RouteKind.READ),
-        ("POST", "/v2/vectordb/jobs/import/get_progress", RouteKind.READ),
-        ("POST", "/v2/vectordb/segments/describe", RouteKind.READ),
+        ("POST", "/v2/vectordb/jobs/import/get_progress", RouteKind.CONTENT),  # rows, files
+        ("POST", "/v2/vectordb/jobs/import/describe", RouteKind.CONTENT),
+        ("POST", "/v2/vectordb/jobs/import/list", RouteKind.CONTENT),
+        ("POST", "/v2/vectordb/jobs/external_collection/describe", RouteKind.CONTENT),
+        ("POST", "/v2/vectordb/quotacenter/describe", RouteKind.CONTENT),
+        ("POST", "/v1/vector/bulkinsert/describe", RouteKind.CONTENT),
+        ("GET", "/v1/vector/bulkinsert/list", RouteKind.CONTENT),
+        ("POST", "/v2/vectordb/segments/describe", RouteKind.CONTENT),  # rows per segment
         ("POST", "/v2/vectordb/common/run_analyzer", RouteKind.READ),
         ("GET", "/v1/vector/collections", RouteKind.READ),
         ("GET", "/v1/vector/collections/describe", RouteKind.READ),
@@ -156,13 +163,16 @@ def _body(action: str, rows: Sequence[Row] = ROWS, cost: int = 6) -> Body:
         ("POST", "/v2/vectordb/indexes/create", RouteKind.WRITE),
         ("POST", "/v2/vectordb/jobs/import/create", RouteKind.WRITE),
         ("POST", "/v2/vectordb/roles/grant_privilege_v2", RouteKind.WRITE),
-        ("POST", "/v2/vectordb/collections/new_action", RouteKind.WRITE),
+        # A route the tables do not know (a newer server's) may return rows.
+        ("POST", "/v2/vectordb/collections/new_action", RouteKind.CONTENT),
+        ("POST", "/v2/vectordb/collections/describe_rows", RouteKind.CONTENT),
+        ("POST", "/v2/vectordb/collections", RouteKind.CONTENT),
+        ("POST", "/v1/vector/export", RouteKind.CONTENT),
         ("POST", "/v1/vector/insert", RouteKind.WRITE),
         ("POST", "/v1/vector/delete", RouteKind.WRITE),
         ("POST", "/v1/vector/collections/create", RouteKind.WRITE),
         # Not Milvus' REST API: other databases, management ports, bare prefixes.
         ("POST", "/v2/vectordb", None),
-        ("POST", "/v2/vectordb/collections", None),
         ("POST", "/v1/vector", None),
         ("POST", "/v2/entities/search", None),
         ("POST", "/vectordb/entities/search", None),

@@ -131,6 +131,10 @@ def test_every_method_of_the_service_is_classified() -> None:
         ("GetLoadState", RouteKind.READ),
         ("GetCollectionStatistics", RouteKind.CONTENT),
         ("DescribeIndex", RouteKind.CONTENT),
+        ("GetImportState", RouteKind.CONTENT),
+        ("HasNamespace", RouteKind.CONTENT),  # ListNamespaces, one name at a time
+        ("GetRefreshExternalCollectionProgress", RouteKind.CONTENT),  # the source
+        ("ListRefreshExternalCollectionJobs", RouteKind.CONTENT),
         ("CalcDistance", RouteKind.CONTENT),
         ("Dummy", RouteKind.CONTENT),
         ("ExportSnapshot", RouteKind.CONTENT),

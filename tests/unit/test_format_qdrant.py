@@ -220,7 +220,17 @@ def test_filters_no_other_routes(method: str, path: str) -> None:
         ("GET", "/collections/docs/snapshots/s1.snapshot", RouteKind.CONTENT),
         ("POST", "/collections/docs/snapshots", RouteKind.CONTENT),
         ("GET", "/snapshots", RouteKind.CONTENT),
-        ("GET", "/collections", None),
+        ("GET", "/collections", RouteKind.CONTENT),  # every collection's name
+        ("GET", "/aliases", RouteKind.CONTENT),
+        ("POST", "/collections/aliases", RouteKind.WRITE),  # alias changes
+        ("GET", "/collections/docs/shards", RouteKind.CONTENT),  # shard keys
+        ("PUT", "/collections/docs/shards", RouteKind.WRITE),
+        ("POST", "/collections/docs/shards/delete", RouteKind.WRITE),
+        ("POST", "/collections/docs/cluster", RouteKind.WRITE),
+        ("GET", "/telemetry", RouteKind.CONTENT),  # points per collection and shard
+        ("GET", "/metrics", RouteKind.CONTENT),
+        ("GET", "/cluster/telemetry", RouteKind.CONTENT),
+        ("POST", "/collections", None),
         ("GET", "/cluster", None),
         ("POST", "/api/v2/tenants/t/databases/d/collections/c/query", None),
         ("POST", "/docs/_search", None),

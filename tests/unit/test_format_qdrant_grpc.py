@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 import pytest
-from google.protobuf import descriptor_pb2, descriptor_pool
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import Descriptor
 from hypothesis import given
 from hypothesis import strategies as st
@@ -103,7 +103,8 @@ def _gate_pool() -> descriptor_pool.DescriptorPool:
 
 def _gate_messages() -> Iterator[Descriptor]:
     pool = _gate_pool()
-    for name in ("points", "points_service", "qdrant_common", "json_with_int", "collections"):
+    names = ("points", "points_service", "qdrant_common", "json_with_int", "collections")
+    for name in (*names, "snapshots_service"):
         yield from _nested(pool.FindFileByName(f"qdrant/{name}.proto").message_types_by_name)
 
 
@@ -206,9 +207,10 @@ def test_gate_protos_declare_qdrants_fields_with_qdrants_numbers() -> None:
     assert checked == len(COMPLETE)
 
 
-def test_gate_protos_define_the_points_service_as_qdrant_does() -> None:
-    ours = _gate_pool().FindServiceByName("qdrant.Points")
-    theirs = descriptor_pool.Default().FindServiceByName("qdrant.Points")
+@pytest.mark.parametrize("service", ["qdrant.Points", "qdrant.Collections", "qdrant.Snapshots"])
+def test_gate_protos_define_qdrants_services_as_qdrant_does(service: str) -> None:
+    ours = _gate_pool().FindServiceByName(service)
+    theirs = descriptor_pool.Default().FindServiceByName(service)
     assert {m.name for m in ours.methods} == {m.name for m in theirs.methods}
     for method in ours.methods:
         vendor = theirs.methods_by_name[method.name]
@@ -243,7 +245,7 @@ def test_every_method_of_the_points_service_is_classified() -> None:
         Route("GET", "/qdrant.Points/Query"),
         Route("POST", "/qdrant.Points/"),
         Route("POST", "/qdrant.Points/Query/x"),
-        Route("POST", "/qdrant.Collections/Get"),
+        Route("GET", "/qdrant.Collections/Get"),
         Route("POST", "/qdrant.Qdrant/HealthCheck"),
         Route("POST", "/collections/docs/points/query"),
     ],
@@ -265,6 +267,68 @@ def test_a_method_it_does_not_know_may_return_content() -> None:
 def test_name_and_collections() -> None:
     assert FORMAT.name == "qdrant_grpc"
     assert FORMAT.route_collections(route("Query")) == []
+
+
+COLLECTION_KINDS = {
+    "Get": RouteKind.CONTENT,  # points_count: the REST twin filters it, this reply is not read
+    "List": RouteKind.CONTENT,
+    "ListCollectionAliases": RouteKind.CONTENT,
+    "ListAliases": RouteKind.CONTENT,
+    "CollectionClusterInfo": RouteKind.CONTENT,
+    "ListShardKeys": RouteKind.CONTENT,
+    "CollectionExists": RouteKind.READ,
+    "Create": RouteKind.WRITE,
+    "Update": RouteKind.WRITE,
+    "Delete": RouteKind.WRITE,
+    "UpdateAliases": RouteKind.WRITE,
+    "UpdateCollectionClusterSetup": RouteKind.WRITE,
+    "CreateShardKey": RouteKind.WRITE,
+    "DeleteShardKey": RouteKind.WRITE,
+}
+# Methods whose request names no collection the gate reads.
+NAMES_NONE = {
+    "/qdrant.Collections/List",
+    "/qdrant.Collections/ListAliases",
+    "/qdrant.Collections/UpdateAliases",
+    "/qdrant.Snapshots/CreateFull",
+    "/qdrant.Snapshots/ListFull",
+    "/qdrant.Snapshots/DeleteFull",
+}
+
+
+@pytest.mark.parametrize("service", ["qdrant.Collections", "qdrant.Snapshots"])
+def test_every_method_of_the_collections_and_snapshots_services_is_classified(
+    service: str,
+) -> None:
+    methods = {m.name for m in descriptor_pool.Default().FindServiceByName(service).methods}
+    expected = COLLECTION_KINDS if service == "qdrant.Collections" else None
+    for name in methods:
+        found = FORMAT.route_kind(Route("POST", f"/{service}/{name}"))
+        assert found is (RouteKind.CONTENT if expected is None else expected[name]), name
+    if expected is not None:
+        assert methods == set(expected)
+    assert FORMAT.route_kind(Route("POST", f"/{service}/NewMethod")) is RouteKind.CONTENT
+
+
+@pytest.mark.parametrize("service", ["qdrant.Collections", "qdrant.Snapshots"])
+def test_requests_naming_a_collection_are_read_for_it_and_the_rest_name_every_one(
+    service: str,
+) -> None:
+    for method in descriptor_pool.Default().FindServiceByName(service).methods:
+        path = f"/{service}/{method.name}"
+        if path in NAMES_NONE:
+            assert not FORMAT.rewrites_request(Route("POST", path))
+            assert FORMAT.route_collections(Route("POST", path)) == ["*"], path
+            continue
+        assert FORMAT.rewrites_request(Route("POST", path)), path
+        assert FORMAT.route_collections(Route("POST", path)) == [], path
+        # qdrant-client's own request message, every field as Qdrant declares it.
+        request: Any = message_factory.GetMessageClass(method.input_type)()
+        request.collection_name = "hr"
+        body = frame(request.SerializeToString())
+        assert FORMAT.request_collections(body, Route("POST", path)) == ("hr",), path
+    unknown = Route("POST", f"/{service}/NewMethod")
+    assert FORMAT.route_collections(unknown) == ["*"]
 
 
 # -- candidates ------------------------------------------------------------------

@@ -183,7 +183,7 @@ def test_field_defaults_reach_only_the_formats_that_take_them() -> None:
         ("GET", "/collections/_search", ("elasticsearch", RouteKind.FILTERED)),
         ("GET", "/collections/_doc/1", ("qdrant", RouteKind.CONTENT)),  # content either way
         ("GET", "/namespaces/_search", ("elasticsearch", RouteKind.FILTERED)),
-        ("GET", "/namespace-aliases/_count", ("elasticsearch", RouteKind.CONTENT)),
+        ("PUT", "/namespace-aliases/_count", ("elasticsearch", RouteKind.CONTENT)),
         # Only Qdrant knows this one.
         ("GET", "/collections/docs", ("qdrant", RouteKind.FILTERED)),  # collection info
     ],

@@ -250,7 +250,7 @@ U = UUIDS[0]
         ("GET", "/v1/.well-known/openid-configuration", RouteKind.READ),
         ("GET", "/v1/schema", RouteKind.READ),
         ("GET", "/v1/schema/Chunk", RouteKind.READ),
-        ("GET", "/v1/schema/Chunk/shards", RouteKind.READ),
+        ("GET", "/v1/schema/Chunk/shards", RouteKind.CONTENT),  # vectorQueueSize
         (
             "GET",
             "/v1/schema/Chunk/tenants",
@@ -267,8 +267,9 @@ U = UUIDS[0]
         ("GET", "/v1/replication/replicate/list", RouteKind.READ),
         ("GET", "/v1/namespaces", RouteKind.READ),
         ("GET", "/v1/tasks", RouteKind.READ),
-        ("GET", "/v1/classifications/c1", RouteKind.READ),
+        ("GET", "/v1/classifications/c1", RouteKind.CONTENT),  # meta.count
         ("POST", "/v1/tokenize", RouteKind.READ),
+        ("POST", "/v1/schema/Chunk/properties/title/tokenize", RouteKind.READ),
         ("POST", "/v1", RouteKind.WRITE),
         ("POST", "/v1/objects", RouteKind.WRITE),
         ("POST", "/v1/objects/validate", RouteKind.WRITE),

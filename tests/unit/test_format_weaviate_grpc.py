@@ -189,6 +189,7 @@ PLAIN = SearchReply(took=0.25, results=[result(n, distance=n / 10) for n in rang
         ("TenantsGet", RouteKind.CONTENT),
         ("BatchObjects", RouteKind.WRITE),
         ("BatchDelete", RouteKind.WRITE),
+        ("BatchReferences", RouteKind.WRITE),
         ("BatchSend", RouteKind.WRITE),
         ("BatchStream", RouteKind.WRITE),
     ],

@@ -81,7 +81,10 @@ def test_it_is_a_request_rewriter_for_every_method_of_the_service() -> None:
     assert all(FORMAT.rewrites_request(route(m.name)) for m in service.methods)
     assert not FORMAT.rewrites_request(route("NewMethod"))
     assert not FORMAT.rewrites_request(Route("GET", route_path("Query")))
-    assert not FORMAT.rewrites_request(Route("POST", "/qdrant.Collections/Get"))
+    assert not FORMAT.rewrites_request(Route("POST", "/qdrant.Qdrant/HealthCheck"))
+    # The Collections service is read for the collection a request names, where it names one.
+    assert FORMAT.rewrites_request(Route("POST", "/qdrant.Collections/Get"))
+    assert not FORMAT.rewrites_request(Route("POST", "/qdrant.Collections/List"))
 
 
 # -- collections ---------------------------------------------------------------
@@ -209,7 +212,7 @@ def test_unreadable_bodies_are_malformed_requests(body: bytes) -> None:
 def test_other_routes_come_back_unchanged() -> None:
     rewritten = FORMAT.rewrite_request(
         b"anything",
-        Route("POST", "/qdrant.Collections/Get"),
+        Route("POST", "/qdrant.Collections/List"),
         tenant=TENANT,
         tenant_key=TENANT_KEY,
         overfetch_factor=2.0,

@@ -229,6 +229,30 @@ def test_a_grpc_call_the_gate_does_not_filter_has_its_collections_read() -> None
     assert isinstance(plan(path, GRPC_UPSERT, grpc=True, has_body=False), PassThrough)
 
 
+@pytest.mark.parametrize("route_policy", [PUSH_DOWN, NO_PUSH_DOWN])
+def test_a_point_in_times_index_filter_is_refused_and_its_opening_passes(
+    route_policy: RoutePolicy,
+) -> None:
+    # Elasticsearch decides an index_filter per shard, over every tenant's
+    # values: no push-down confines it, so push_down = false does not let it through.
+    path, metrics = request_path(route_policy=route_policy)
+    planned = plan(path, "/docs/_pit")
+    assert isinstance(planned, ReadCollections)
+    assert not planned.grpc
+    body = b'{"index_filter": {"range": {"salary": {"gte": 100000}}}}'
+    read = asyncio.run(path.read_body(planned, body))
+    assert isinstance(read, Refused)
+    assert (read.refusal.code, read.refusal.http_status) == ("request_not_filterable", 400)
+    assert refusals_counted(metrics, "400") == 1
+    # Control: the same opening without a filter (empty, {}) or without a body passes.
+    assert asyncio.run(path.read_body(planned, b"")) is None
+    assert asyncio.run(path.read_body(planned, b"{}")) is None
+    assert isinstance(plan(path, "/docs/_pit", has_body=False), PassThrough)
+    unreadable = asyncio.run(path.read_body(planned, b"{not json"))
+    assert isinstance(unreadable, Refused)
+    assert unreadable.refusal.code == "request_body_malformed"
+
+
 @pytest.mark.parametrize("remote", [False, True])
 def test_a_remote_policy_is_asked_off_the_event_loop_at_headers_and_body(remote: bool) -> None:
     policy = DenyingCollections(remote=remote)

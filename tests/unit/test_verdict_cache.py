@@ -432,15 +432,25 @@ def test_a_chunk_the_policy_says_nothing_about_is_not_cached() -> None:
     assert len(engine.evaluated) == 2
 
 
-def test_unavailable_and_missing_records_never_reach_the_cache(gate: DecisionCore) -> None:
-    verdict = gate.decide(
-        ALICE, [candidate("c1", 0), candidate("c2", 1)], {}, frozenset({"c1"}), NOW
-    )
-    assert [d.reasons for d in verdict.decisions] == [
-        (Reason.METADATA_UNAVAILABLE,),
-        (Reason.MISSING_METADATA,),
-    ]
+def test_unavailable_ids_never_reach_the_cache(gate: DecisionCore) -> None:
+    verdict = gate.decide(ALICE, [candidate("c1", 0)], {}, frozenset({"c1"}), NOW)
+    assert [d.reasons for d in verdict.decisions] == [(Reason.METADATA_UNAVAILABLE,)]
     assert len(gate.verdict_cache or ()) == 0
+
+
+def test_a_missing_ids_decoy_is_cached_but_never_answers_for_its_record(
+    engine: Counting,
+) -> None:
+    # An id without a record is evaluated against a decoy, like a record, so that
+    # both take the same work (test_decision_work.py); the decoy's cached verdict
+    # must not answer once the record exists.
+    gate = DecisionCore(engine)
+    missing = gate.decide(ALICE, [candidate("c2")], {}, frozenset(), NOW)
+    assert [d.reasons for d in missing.decisions] == [(Reason.MISSING_METADATA,)]
+    assert len(gate.verdict_cache or ()) == 1
+    engine.evaluated.clear()
+    assert decide(gate, record("c2")) == [()]
+    assert engine.evaluated == [["c2"]]
 
 
 # Size bound

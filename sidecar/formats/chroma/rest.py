@@ -79,7 +79,8 @@ _ROUTES: Final[tuple[tuple[tuple[str, ...], Mapping[str, RouteKind]], ...]] = (
     ((*_COLLECTION, "search"), {"POST": _F}),
     ((*_COLLECTION, "count"), {"GET": _C}),  # records of every tenant in the collection
     ((*_COLLECTION, "fork_count"), {"GET": _R}),
-    ((*_COLLECTION, "indexing_status"), {"GET": _R}),
+    # Record operations indexed, pending and in all: every tenant's writes, counted.
+    ((*_COLLECTION, "indexing_status"), {"GET": _C}),
     ((*_COLLECTION, "add"), {"POST": _W}),
     ((*_COLLECTION, "update"), {"POST": _W}),
     ((*_COLLECTION, "upsert"), {"POST": _W}),
@@ -333,8 +334,9 @@ class ChromaFormat(ResponseAdapter[_Shape], ChromaRequests):
         READ: heartbeat, version, health, identity, and the GETs of tenants,
         databases, collections, collection counts and attached functions. WRITE: every
         route that creates, changes or deletes. CONTENT: a collection's record
-        count (it counts every tenant's records), the legacy ``/api/v1`` and
-        any ``/api/v2`` route not in the API this adapter knows.
+        count and its indexing status (they count every tenant's records and
+        writes), the legacy ``/api/v1`` and any ``/api/v2`` route not in the
+        API this adapter knows.
         """
         return _kind(route)
 

@@ -21,7 +21,9 @@ flags and cursors describe only what is released:
 - ``_shards`` keeps ``total``, ``successful`` and ``failed``; ``skipped`` is
   0 (the can-match phase skips a shard when no document of it, any tenant's,
   can match: an oracle; skipped shards count as successful anyway) and
-  ``failures`` go (a reason can quote a document, e.g. a script error).
+  ``failures`` go (a reason can quote a document, e.g. a script error); the
+  body reports them, and multi-search error items, as its
+  ``reported_error``, for the audit record.
   ``_clusters`` keeps its counts, not its ``details``.
 - ``took``, ``timed_out``, ``num_reduce_phases`` and a multi-search item's
   ``status`` stay, as do ``_scroll_id`` and ``pit_id``: the next page is a
@@ -66,8 +68,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
+import orjson
+
 from sidecar.core.hits import Replacement, Route, RouteKind
-from sidecar.formats.base import MalformedBody, ResponseAdapter
+from sidecar.formats.base import MalformedBody, ReportedError, ResponseAdapter, error_code
 from sidecar.formats.body import HitBody, Selection
 from sidecar.formats.elasticsearch import rest_routes as routes
 from sidecar.formats.elasticsearch.rest_request import ElasticsearchRequests
@@ -223,6 +227,31 @@ def _shards(upstream: dict[str, Any]) -> dict[str, int]:
 def _clusters(upstream: dict[str, Any]) -> dict[str, int]:
     """Cross-cluster counts without their per-cluster details."""
     return {key: upstream[key] for key in _CLUSTER_COUNTS if _is_int(upstream.get(key))}
+
+
+def _reported(responses: list[Any]) -> ReportedError | None:
+    """What the search responses report failed: multi-search error items and shard
+    failures, as the database wrote them; None when nothing did. The code is the
+    first one's error type (its status where it has none)."""
+    errors: list[Any] = []
+    for response in responses:
+        if not isinstance(response, dict):
+            continue
+        if "hits" not in response and "error" in response:
+            errors.append(response)
+        shards = response.get("_shards")
+        failures = shards.get("failures") if isinstance(shards, dict) else None
+        if isinstance(failures, list):
+            errors.extend(failures)
+    if not errors:
+        return None
+    first = errors[0]
+    # An error item has "error" and "status"; a shard failure its "reason".
+    detail = first.get("error", first.get("reason")) if isinstance(first, dict) else None
+    kind = detail.get("type") if isinstance(detail, dict) else None
+    if kind is None and isinstance(first, dict):
+        kind = first.get("status")
+    return ReportedError(error_code("elasticsearch", kind), orjson.dumps(errors).decode())
 
 
 def _error_item(item: Any) -> dict[str, Any]:
@@ -412,11 +441,25 @@ class ElasticsearchFormat(ResponseAdapter[str], ElasticsearchRequests):
         hits = Hits(self._layout)
         if shape == routes.SINGLE:
             single = _response(document, hits)
-            return _ElasticsearchBody(hits, document, single, (), self._options, sub_results=1)
+            return _ElasticsearchBody(
+                hits,
+                document,
+                single,
+                (),
+                self._options,
+                sub_results=1,
+                reported_error=_reported([document]),
+            )
         responses = document.get("responses")
         if not isinstance(responses, list):
             raise MalformedBody("a multi-search body has no responses list")
         items = tuple(_item(item, hits) for item in responses)
         return _ElasticsearchBody(
-            hits, document, None, items, self._options, sub_results=len(items)
+            hits,
+            document,
+            None,
+            items,
+            self._options,
+            sub_results=len(items),
+            reported_error=_reported(responses),
         )

@@ -14,7 +14,10 @@ refused, is ``rest_query``'s docstring. Per endpoint:
 - Search templates (``_search/template``, ``_msearch/template``) and search
   applications are refused: the query is rendered server-side.
 - Scroll continuations (``/_search/scroll``) carry no query: the search
-  that opened the scroll was confined.
+  that opened the scroll was confined. Nor do searches of a point in time
+  (``pit`` in a ``_search`` body), which are confined as any search; the
+  ``index_filter`` of a point in time's opening (``/{index}/_pit``) is
+  refused, whatever ``push_down`` says (``request_collections``).
 
 Over-fetch raises ``size`` (default 10) of ``_search`` and multi-search
 lines so that hits the response check rejects can be replaced;
@@ -133,9 +136,25 @@ class ElasticsearchRequests(SearchRewriter[_Endpoint]):
         lines = b"".join(orjson.dumps(line) + b"\n" for pair in pairs for line in pair)
         return replace(done, body=lines, collections=collections)
 
+    def rewrites_request(self, route: Route) -> bool:
+        """True for the search endpoints, and for opening a point in time: its body
+        may hold an ``index_filter`` (``request_collections`` refuses it)."""
+        return super().rewrites_request(route) or opens_point_in_time(route)
+
     def request_collections(self, body: bytes, route: Route) -> tuple[str, ...]:
         """The indices a multi-search's header lines name (see ``rewrite_request``);
-        none for other searches, whose index is the path's."""
+        none for other searches, whose index is the path's.
+
+        Opening a point in time names none either, but its ``index_filter`` is
+        refused (UnfilterableRequest): Elasticsearch leaves out every shard
+        where the filter can match no document, deciding from the shard's
+        terms and value ranges, every tenant's values among them, and says
+        how many it left out. No tenant condition confines that: a shard holding
+        the caller's documents answers for its other tenants' values too.
+        """
+        if opens_point_in_time(route):
+            _refuse_index_filter(body)
+            return ()
         endpoint = self._request_endpoint(route)
         if endpoint is None or not endpoint.lines:
             return super().request_collections(body or b"{}", route)
@@ -182,6 +201,26 @@ class ElasticsearchRequests(SearchRewriter[_Endpoint]):
 
 
 # -- multi-search NDJSON -------------------------------------------------------
+
+
+def opens_point_in_time(route: Route) -> bool:
+    """True for Elasticsearch's ``/{index}/_pit``, which opens a point in time."""
+    found = routes.endpoint(route.path)
+    return found == ("_pit", []) and route.method.upper() in ("GET", "POST")
+
+
+def _refuse_index_filter(body: bytes) -> None:
+    """Raise UnfilterableRequest when a point in time's body holds an ``index_filter``."""
+    if not body.strip():
+        return
+    document = load_request(body)
+    if not isinstance(document, dict):
+        raise MalformedRequest("request body is not a JSON object")
+    if "index_filter" in document:
+        raise UnfilterableRequest(
+            "an index_filter is decided per shard, over every tenant's values: "
+            "open the point in time without one and search it with a query"
+        )
 
 
 def _headers_collections(headers: list[dict[str, Any]], route: Route) -> tuple[str, ...]:

@@ -40,17 +40,18 @@ class _Rule(Enum):
 # read from documents, _graph returns terms of documents, _insights other callers'
 # queries, _mvt hit fields, _rank_eval per-query hits, _terms_enum field
 # values, _snapshot a whole index past every per-chunk check, _stats and
-# _segments count every tenant's documents. DERIVED: _ml
-# results and category examples quote documents, _text_structure samples an
-# index, OpenSearch's ML memory holds conversations and its agents search
-# indices. The search endpoints are matched before these rules, which cover
-# their other methods and sub-paths.
+# _segments count every tenant's documents, _field_caps tells per field
+# whether any document has a value (include_empty_fields=false) and
+# evaluates an index_filter against every tenant's values, _disk_usage and
+# _field_usage_stats measure every tenant's fields. DERIVED: _ml results and
+# category examples quote documents, _text_structure samples an index,
+# OpenSearch's ML memory holds conversations and its agents search indices,
+# _tasks describes running requests (other callers' queries with them),
+# _recovery measures every shard's data. The search endpoints are matched
+# before these rules, which cover their other methods and sub-paths.
 # fmt: off
 _APIS: Final[Mapping[_Rule, tuple[str, ...]]] = {
-    _Rule.READ: (
-        "_analyze", "_cat", "_disk_usage", "_field_caps", "_pit", "_render",
-        "_resolve", "_search_shards",
-    ),
+    _Rule.READ: ("_analyze", "_cat", "_pit", "_render", "_resolve", "_search_shards"),
     _Rule.WRITE: (
         "_bulk", "_create", "_create_from", "_delete_by_query", "_update", "_update_by_query",
     ),
@@ -58,11 +59,12 @@ _APIS: Final[Mapping[_Rule, tuple[str, ...]]] = {
     _Rule.CONTENT: (
         "_async_search", "_eql", "_explain", "_graph", "_insights", "_mget", "_mtermvectors",
         "_mvt", "_query", "_rank_eval", "_rollup_search", "_snapshot", "_sql", "_terms_enum",
-        "_termvectors", "_count", "_validate", "_stats", "_segments",
+        "_termvectors", "_count", "_validate", "_stats", "_segments", "_field_caps",
+        "_disk_usage", "_field_usage_stats",
         "_plugins/_asynchronous_search", "_plugins/_ppl", "_plugins/_sql",
     ),
     _Rule.DERIVED: (
-        "_knn_search", "_msearch", "_search", "_ml", "_text_structure",
+        "_knn_search", "_msearch", "_search", "_ml", "_text_structure", "_tasks", "_recovery",
         "_plugins/_alerting", "_plugins/_ml", "_plugins/_observability",
         "_plugins/_search_relevance", "_plugins/_security_analytics",
     ),
@@ -70,14 +72,14 @@ _APIS: Final[Mapping[_Rule, tuple[str, ...]]] = {
         "_alias", "_aliases", "_application", "_autoscaling", "_block", "_cache", "_ccr",
         "_clone", "_close", "_cluster", "_component_template", "_connector", "_dangling",
         "_data_stream", "_downsample", "_encryption", "_enrich", "_features",
-        "_field_usage_stats", "_fleet", "_flush", "_forcemerge", "_health_report", "_ilm",
+        "_fleet", "_flush", "_forcemerge", "_health_report", "_ilm",
         "_index_template", "_inference", "_info", "_ingest", "_license", "_lifecycle", "_list",
         "_logstash", "_ltr", "_mapping", "_migration", "_monitoring", "_nodes", "_open",
-        "_project", "_project_routing", "_query_rules", "_recovery", "_refresh", "_reindex",
+        "_project", "_project_routing", "_query_rules", "_refresh", "_reindex",
         "_reload_search_analyzers", "_remote", "_remotestore", "_rollover", "_rollup",
         "_script_context", "_script_language", "_scripts", "_searchable_snapshots",
         "_security", "_settings", "_shard_stores", "_shrink", "_slm", "_split",
-        "_ssl", "_streams", "_synonyms", "_tasks", "_template", "_transform",
+        "_ssl", "_streams", "_synonyms", "_template", "_transform",
         "_upgrade", "_watcher", "_wlm", "_xpack",
         "_plugins/_flow_framework", "_plugins/_ism", "_plugins/_knn", "_plugins/_ltr",
         "_plugins/_neural", "_plugins/_notifications", "_plugins/_query",
@@ -97,14 +99,20 @@ _SEARCH_SUB_RULES: Final[Mapping[str, _Rule]] = {
     "pipeline": _Rule.ADMIN,
 }
 
-# Sub-paths of read and administrative APIs that count every tenant's
-# documents (docs.count, indexing totals, disk use and the like).
-_COUNTING: Final[Mapping[str, frozenset[str]]] = {
-    "_cat": frozenset({"count", "indices", "shards", "segments", "nodes", "allocation"}),
-    "_cluster": frozenset({"stats"}),
-    "_nodes": frozenset({"stats"}),
-    "_data_stream": frozenset({"_stats"}),
-}
+# Reports of _cat that count every tenant's documents or measure their data
+# (docs.count, indexing totals, disk use, field data, recovered bytes, the
+# records ML jobs and transforms processed).
+_CAT_COUNTING: Final = frozenset(
+    {
+        "count", "indices", "shards", "segments", "nodes", "allocation", "fielddata",
+        "recovery", "ml", "transforms",
+    }
+)  # fmt: skip
+# Sub-paths of read and administrative APIs that are statistics: of the
+# cluster and nodes, data streams, transforms, CCR, enrich, searchable
+# snapshots, OpenSearch's k-NN and neural plugins (graphs, documents and
+# vectors counted), and feature usage (indices, fields and vectors counted).
+_STATISTICS: Final = frozenset({"stats", "_stats", "usage"})
 
 # Actions that return stored documents, or results computed from them, from
 # inside otherwise administrative APIs: datafeed and transform previews, watch
@@ -167,7 +175,10 @@ def _kind(method: str, api: str, rest: list[str]) -> RouteKind:
     rule = RULES.get(api, _Rule.DERIVED)
     if api == "_search" and rest:
         rule = _SEARCH_SUB_RULES.get(rest[0], _Rule.DERIVED)
-    if not _COUNTING.get(api, frozenset()).isdisjoint(rest):
+    if api == "_cat" and not _CAT_COUNTING.isdisjoint(rest):
+        rule = _Rule.CONTENT
+    statistics = method == "GET" and not _STATISTICS.isdisjoint(rest)
+    if statistics and rule in (_Rule.READ, _Rule.ADMIN):
         rule = _Rule.CONTENT
     match rule:
         case _Rule.READ:

@@ -40,7 +40,8 @@ Milvus reports errors inside an OK gRPC reply (``status.code`` or
 ``status.error_code`` not 0): such a reply goes out with Milvus' codes and
 ``retriable`` flag (clients tell a retry from a bad request by them) but the
 gate's own ``reason`` (Milvus' can quote the request's expression and
-values) and nothing else; an error status in a reply with rows is refused. A
+values) and nothing else (the body reports Milvus' as its ``reported_error``,
+for the audit record); an error status in a reply with rows is refused. A
 reply from which nothing was removed, with no field the gate does not know,
 goes out byte for byte.
 
@@ -56,6 +57,7 @@ from typing import Any, Final
 from sidecar.formats import grpc_messages
 from sidecar.formats.grpc_adapter import GrpcAdapter
 from sidecar.formats.hits import Field, HitLayout, Hits
+from sidecar.formats.milvus import errors as milvus_errors
 from sidecar.formats.milvus.grpc_methods import KINDS
 from sidecar.formats.milvus.grpc_replies import (
     QUERY_RESULTS,
@@ -108,4 +110,16 @@ class MilvusGrpcFormat(GrpcAdapter, MilvusGrpcRequests):
         read = read_query if shape == QUERY else read_search
         rebuild = read(reply, hits, self._options)
         unknown = grpc_messages.has_unknown_fields(reply)
-        return ColumnarReply(hits, body, reply, unknown, rebuild, sub_results=1)
+        status = reply.status
+        reported = None
+        if status.code != 0 or status.error_code != 0:
+            # The error class where the server sets one, else the legacy code.
+            code = status.code or status.error_code
+            reported = milvus_errors.reported(code, status.reason)
+        return ColumnarReply(
+            hits, body, reply, unknown, rebuild, sub_results=1, reported_error=reported
+        )
+
+    def missing_field(self, error_text: str) -> str | None:
+        """The field a Milvus error names as missing from the schema (``errors``)."""
+        return milvus_errors.missing_field(error_text)

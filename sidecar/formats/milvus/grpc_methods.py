@@ -6,13 +6,16 @@ So ``KINDS`` lists every method of ``MilvusService`` in pymilvus 3.0.2's
 proto, grouped by what they act on: FILTERED ``Search``, ``HybridSearch``
 and ``Query`` (their replies are filtered); READ what returns no chunk
 content (schemas, names, states, health, the caller's own text run through
-an analyzer); CONTENT what returns data the gate cannot filter or counts
-every tenant's rows (collection, partition, namespace and index statistics,
-segment infos, import states with their row ids, distances between stored
+an analyzer); CONTENT what returns data the gate cannot filter, counts
+every tenant's rows or names what they came from (collection, partition,
+namespace and index statistics, namespace names and their existence,
+segment infos, import states with their row ids and files, external
+collection refresh jobs with their source, distances between stored
 vectors, metrics, snapshots, which copy or export whole collections, RBAC
 backups, replication settings with other clusters' tokens, WAL dumps,
-``Dummy``, which runs a query given as text); WRITE the rest. The service
-has 144 methods: the table is a module of its own.
+``Dummy``, which runs a query given as text); WRITE the rest. The REST
+twin (``rest.V2_ROUTES``) classifies the same operations alike. The
+service has 144 methods: the table is a module of its own.
 """
 
 from __future__ import annotations
@@ -45,8 +48,9 @@ KINDS: Final[Mapping[str, RouteKind]] = {
     "AlterCollectionSchema": _W,
     "RenameCollection": _W,
     "RefreshExternalCollection": _W,
-    "GetRefreshExternalCollectionProgress": _R,
-    "ListRefreshExternalCollectionJobs": _R,
+    # Refresh jobs name the external source the rows come from, and its spec.
+    "GetRefreshExternalCollectionProgress": _C,
+    "ListRefreshExternalCollectionJobs": _C,
     "BatchUpdateManifest": _W,
     # Partitions.
     "CreatePartition": _W,
@@ -63,7 +67,7 @@ KINDS: Final[Mapping[str, RouteKind]] = {
     "DescribeNamespace": _C,
     "ListNamespaces": _C,
     "DropNamespace": _W,
-    "HasNamespace": _R,
+    "HasNamespace": _C,  # a listing of namespaces, one name at a time
     "GetNamespaceStats": _C,
     # Loading.
     "GetLoadingProgress": _R,

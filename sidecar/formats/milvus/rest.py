@@ -25,7 +25,8 @@ non-zero ``code`` with no rows, answered with HTTP 200) is rendered as
 ``{"code": <code>, "message": "retrieval_gate: the database answered an
 error"}``: the code is Milvus' error class (``merr``), which clients use to
 tell a retry from a bad request; the message can quote the request's
-expression, field names and values, so it never reaches the client.
+expression, field names and values, so it never reaches the client (the
+body reports it as its ``reported_error``, for the audit record).
 
 The chunk id and text are the row fields ``id_field`` (default ``"id"``, the
 primary key of quick-setup collections) and ``text_field``. A substitute's
@@ -41,6 +42,7 @@ rewritten by ``rest_request``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -48,6 +50,7 @@ from sidecar.core.hits import Route, RouteKind
 from sidecar.formats.base import MalformedBody, ResponseAdapter
 from sidecar.formats.body import HitBody, Selection
 from sidecar.formats.hits import Field, HitLayout, Hits
+from sidecar.formats.milvus import errors as milvus_errors
 from sidecar.formats.milvus.rest_request import MilvusRequests
 from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
 
@@ -61,28 +64,133 @@ ERROR_MESSAGE: Final = "retrieval_gate: the database answered an error"
 # v2 reports success as 0; the 2.3 reference documents 200.
 _SUCCESS: Final = frozenset({0, 200})
 _FILTERED: Final = frozenset({"search", "hybrid_search", "advanced_search", "query", "get"})
-_ENTITY_WRITES: Final = frozenset({"insert", "upsert", "delete"})
-# Actions that only report on metadata, jobs or the cluster, in any v2 group.
-_READS: Final = frozenset(
-    {
-        "list",
-        "has",
-        "describe",
-        "get_load_state",
-        "get_progress",
-        "get_compaction_state",
-        "run_analyzer",  # tokenises the request's own text
-    }
-)
-_V1_CONTENT: Final = frozenset({"search", "query", "get"})
-_V1_READS: Final = frozenset(
-    {
-        ("collections",),
-        ("collections", "describe"),
-        ("bulkinsert", "describe"),
-        ("bulkinsert", "list"),
-    }
-)
+_C, _R, _W = RouteKind.CONTENT, RouteKind.READ, RouteKind.WRITE
+# Every route of the v2 API (after /v2/vectordb/), from the proxy's REST
+# handler (handler_v2.go, its route table included), with what it does for
+# the gate. Anything that counts, lists or names stored rows or the files
+# they came from is CONTENT, as its gRPC twin is (grpc_methods): index
+# descriptions count indexed and total rows, import jobs give row counts and
+# file names, segment infos count rows, quota metrics measure every
+# collection's data, external collection jobs name the source the rows come
+# from. A route this table does not know (a newer server's) is CONTENT too.
+V2_ROUTES: Final[Mapping[str, RouteKind]] = {
+    "collections/list": _R,
+    "collections/has": _R,
+    "collections/describe": _R,  # schema, load state, index names and metric types
+    "collections/get_stats": _C,  # row counts of every tenant
+    "collections/get_load_state": _R,
+    "collections/get_compaction_state": _R,  # plan counts, no rows
+    "collections/create": _W,
+    "collections/drop": _W,
+    "collections/truncate": _W,
+    "collections/rename": _W,
+    "collections/load": _W,
+    "collections/refresh_load": _W,
+    "collections/release": _W,
+    "collections/alter_properties": _W,
+    "collections/drop_properties": _W,
+    "collections/add_function": _W,
+    "collections/alter_function": _W,
+    "collections/drop_function": _W,
+    "collections/add_function_field": _W,
+    "collections/drop_function_field": _W,
+    "collections/compact": _W,
+    "collections/flush": _W,
+    "collections/fields/alter_properties": _W,
+    "collections/fields/add": _W,
+    "collections/fields/drop": _W,
+    "collections/struct_fields/add": _W,
+    "databases/list": _R,
+    "databases/describe": _R,
+    "databases/create": _W,
+    "databases/drop": _W,
+    "databases/alter": _W,
+    "databases/alter_properties": _W,
+    "databases/drop_properties": _W,
+    "entities/insert": _W,
+    "entities/upsert": _W,
+    "entities/delete": _W,
+    "partitions/list": _R,
+    "partitions/has": _R,
+    "partitions/get_stats": _C,  # row counts
+    "partitions/create": _W,
+    "partitions/drop": _W,
+    "partitions/load": _W,
+    "partitions/release": _W,
+    "users/list": _R,
+    "users/describe": _R,
+    "users/create": _W,
+    "users/update_password": _W,
+    "users/drop": _W,
+    "users/grant_role": _W,
+    "users/revoke_role": _W,
+    "roles/list": _R,
+    "roles/describe": _R,
+    "roles/create": _W,
+    "roles/alter": _W,
+    "roles/drop": _W,
+    "roles/grant_privilege": _W,
+    "roles/revoke_privilege": _W,
+    "roles/grant_privilege_v2": _W,
+    "roles/revoke_privilege_v2": _W,
+    "privilege_groups/list": _R,
+    "privilege_groups/create": _W,
+    "privilege_groups/drop": _W,
+    "privilege_groups/add_privileges_to_group": _W,
+    "privilege_groups/remove_privileges_from_group": _W,
+    "indexes/list": _R,  # index names only
+    "indexes/describe": _C,  # indexedRows, totalRows, pendingRows
+    "indexes/create": _W,
+    "indexes/drop": _W,
+    "indexes/alter_properties": _W,
+    "indexes/drop_properties": _W,
+    "aliases/list": _R,
+    "aliases/describe": _R,
+    "aliases/create": _W,
+    "aliases/drop": _W,
+    "aliases/alter": _W,
+    "jobs/import/list": _C,  # every tenant's import jobs, to describe
+    "jobs/import/describe": _C,  # imported rows, file names
+    "jobs/import/get_progress": _C,  # the same answer as describe
+    "jobs/import/create": _W,
+    "jobs/import/commit": _W,
+    "jobs/import/abort": _W,
+    "jobs/snapshot/restore_external": _C,  # snapshots copy whole collections
+    "jobs/snapshot/export": _C,
+    "jobs/snapshot/describe": _C,
+    "jobs/snapshot/list": _C,
+    "jobs/external_collection/refresh": _W,
+    "jobs/external_collection/describe": _C,  # the external source and its spec
+    "jobs/external_collection/list": _C,
+    "resource_groups/list": _R,
+    "resource_groups/describe": _R,
+    "resource_groups/create": _W,
+    "resource_groups/drop": _W,
+    "resource_groups/alter": _W,
+    "resource_groups/transfer_replica": _W,
+    "file_resources/list": _R,  # analyzer dictionaries the operator added
+    "file_resources/add": _W,
+    "file_resources/remove": _W,
+    "segments/describe": _C,  # rows per segment
+    "quotacenter/describe": _C,  # data sizes and rows per collection
+    "common/run_analyzer": _R,  # tokenises the request's own text
+}
+# The v1 API (after /v1/vector/): GET lists and describes, POST does the rest.
+V1_ROUTES: Final[Mapping[str, RouteKind]] = {
+    "collections": _R,
+    "collections/describe": _R,
+    "collections/create": _W,
+    "collections/drop": _W,
+    "search": _C,  # answered in a shape this adapter does not read
+    "query": _C,
+    "get": _C,
+    "insert": _W,
+    "upsert": _W,
+    "delete": _W,
+    "bulkinsert": _W,
+    "bulkinsert/describe": _C,  # imported rows, their ids, file names
+    "bulkinsert/list": _C,
+}
 _INTEGER: Final = re.compile(r"-?[0-9]+")
 
 
@@ -183,35 +291,27 @@ class MilvusFormat(ResponseAdapter[str], MilvusRequests):
         )
 
     def route_kind(self, route: Route) -> RouteKind | None:
-        """What ``route`` does in Milvus' REST APIs; None for other paths.
+        """What ``route`` does in Milvus' REST APIs (``V2_ROUTES``, ``V1_ROUTES``); None for
+        other paths.
 
         FILTERED: POST ``/v2/vectordb/entities/`` search, hybrid_search
-        (advanced_search, its old name), query and get. CONTENT: those paths
-        with other methods, unknown ``entities`` actions, anything about
-        snapshots (they export collections), ``get_stats`` (row counts of
-        every tenant), and v1 search, query and get.
-        READ: list, has, describe and the other status actions of any v2 group;
-        the v1 collection and bulk-insert listings. WRITE: everything else
-        under ``/v2/vectordb/`` and ``/v1/vector/``.
+        (advanced_search, its old name), query and get; those paths with other
+        methods are CONTENT. Every other route is as its table says, and a
+        route under ``/v2/vectordb/`` or ``/v1/vector/`` that the tables do not
+        know is CONTENT: it may return stored rows or count them.
         """
         match _segments(route):
             case ["", "v2", "vectordb", "entities", action] if action in _FILTERED:
                 return RouteKind.FILTERED if route.method.upper() == "POST" else RouteKind.CONTENT
-            case ["", "v2", "vectordb", "entities", action] if action in _ENTITY_WRITES:
-                return RouteKind.WRITE
-            case ["", "v2", "vectordb", "entities", *_]:
-                return RouteKind.CONTENT
-            case ["", "v2", "vectordb", *rest] if {"snapshot", "snapshots"} & set(rest):
-                return RouteKind.CONTENT
-            case ["", "v2", "vectordb", _, "get_stats"]:
-                return RouteKind.CONTENT  # row counts of every tenant
-            case ["", "v2", "vectordb", _, *_, action]:
-                return RouteKind.READ if action in _READS else RouteKind.WRITE
-            case ["", "v1", "vector", action] if action in _V1_CONTENT:
-                return RouteKind.CONTENT
-            case ["", "v1", "vector", *rest] if rest:
-                return RouteKind.READ if tuple(rest) in _V1_READS else RouteKind.WRITE
+            case ["", "v2", "vectordb", _, *_] as segments:
+                return V2_ROUTES.get("/".join(segments[3:]), RouteKind.CONTENT)
+            case ["", "v1", "vector", _, *_] as segments:
+                return V1_ROUTES.get("/".join(segments[3:]), RouteKind.CONTENT)
         return None
+
+    def missing_field(self, error_text: str) -> str | None:
+        """The field a Milvus error names as missing from the schema (``errors``)."""
+        return milvus_errors.missing_field(error_text)
 
     def _shape(self, route: Route) -> str | None:
         """The action of a FILTERED route (search, query ...); None for others."""
@@ -228,7 +328,8 @@ class MilvusFormat(ResponseAdapter[str], MilvusRequests):
         rows = document.get("data")
         hits = Hits(self._layout)
         if code != 0 and rows in (None, [], {}):
-            return _Error(hits, code, sub_results=1)
+            reported = milvus_errors.reported(code, document.get("message"))
+            return _Error(hits, code, sub_results=1, reported_error=reported)
         if code not in _SUCCESS:
             raise MalformedBody("an error code in a body with rows")
         if "aggTopks" in document:

@@ -185,13 +185,9 @@ def _segments(route: Route) -> list[str]:
 
 
 def _listing_or_write(route: Route) -> RouteKind:
-    """Collections of records' metadata (namespaces): reading them is content, the rest writes."""
+    """Collections that name or count records (namespaces, their aliases, imports):
+    reading them is content, the rest writes."""
     return RouteKind.CONTENT if route.method.upper() in ("GET", "HEAD") else RouteKind.WRITE
-
-
-def _read_or_write(route: Route) -> RouteKind:
-    """Collections of metadata (namespaces, aliases, imports): GET reads, the rest writes."""
-    return RouteKind.READ if route.method.upper() in ("GET", "HEAD") else RouteKind.WRITE
 
 
 class PineconeFormat(ResponseAdapter[Endpoint], PineconeRequests):
@@ -228,9 +224,10 @@ class PineconeFormat(ResponseAdapter[Endpoint], PineconeRequests):
         CONTENT: vector fetches, the documents API's search and fetch, other
         methods on the filtered paths, unknown paths under ``/vectors``,
         ``/records`` or ``/namespaces/{ns}/`` (they may return stored data),
-        and what counts or lists records of every tenant: index stats, vector
-        and document id lists, GET on namespaces. READ: GET on namespace
-        aliases and imports. WRITE: upserts, updates, deletes and
+        and what counts, lists or names records of every tenant: index stats,
+        vector and document id lists, GET on namespaces and on namespace
+        aliases (each names its namespace), GET on bulk imports (their source
+        URIs and ``recordsImported``). WRITE: upserts, updates, deletes and
         every other method on those collections.
         """
         if endpoint(route) is not None:
@@ -250,16 +247,17 @@ class PineconeFormat(ResponseAdapter[Endpoint], PineconeRequests):
                 return _DOCUMENT_KINDS.get(action, RouteKind.CONTENT)
             case ["", "namespaces", namespace, _, *_] if namespace:
                 return RouteKind.CONTENT
-            case ["", "namespaces"] | ["", "namespaces", _]:
-                # Namespace names and record counts: often one namespace per tenant.
-                return _listing_or_write(route)
             case (
-                ["", "namespace-aliases"]
+                ["", "namespaces"]
+                | ["", "namespaces", _]
+                | ["", "namespace-aliases"]
                 | ["", "namespace-aliases", _]
                 | ["", "bulk", "imports"]
                 | ["", "bulk", "imports", _]
             ):
-                return _read_or_write(route)
+                # Namespace names and record counts (often one namespace per
+                # tenant), aliases naming them, imports' source URIs and counts.
+                return _listing_or_write(route)
         return None
 
     def _shape(self, route: Route) -> Endpoint | None:

@@ -9,7 +9,11 @@ Every method of the service is classified: ``Get``, ``Scroll``, ``Query*``,
 ``Search*``, ``Recommend*`` and ``Discover*`` are FILTERED; ``Count``,
 ``Facet`` and the distance matrix (``SearchMatrixPairs``/``Offsets``) are
 CONTENT (counts, payload values and point ids across every tenant's points);
-the rest write. A method a newer Qdrant adds is no route of this format.
+the rest write. The ``qdrant.Collections`` and ``qdrant.Snapshots`` services
+are classified as the REST twin classifies the same operations (collection
+info, listings and cluster info CONTENT, the existence check READ, changes
+WRITE, snapshots CONTENT); their replies are never read. A method a newer
+Qdrant adds to these services is CONTENT.
 
 A hit is a ``ScoredPoint`` or ``RetrievedPoint``. The gate reads it as the
 REST adapter reads a JSON point: the chunk id is the point id (a number in
@@ -42,14 +46,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from sidecar.core.hits import RouteKind
+from sidecar.core.hits import Route, RouteKind
 from sidecar.formats import grpc_messages
 from sidecar.formats.base import MalformedBody
 from sidecar.formats.body import Selection
-from sidecar.formats.grpc_adapter import GrpcReply, TwinGrpcAdapter
+from sidecar.formats.grpc_adapter import GrpcReply, TwinGrpcAdapter, grpc_method
 from sidecar.formats.hits import HitLayout, Hits
 from sidecar.formats.options import AdapterOptions
-from sidecar.formats.qdrant.grpc_request import SERVICE, QdrantGrpcRequests
+from sidecar.formats.qdrant.grpc_request import (
+    COLLECTIONS,
+    SERVICE,
+    SNAPSHOTS,
+    QdrantGrpcRequests,
+)
 from sidecar.formats.qdrant.rest import QdrantFormat, next_offset_after
 
 Message = Any  # a message class built at run time from the gate's descriptors
@@ -105,6 +114,42 @@ _KINDS: Final[Mapping[str, RouteKind]] = {
     **dict.fromkeys(_CONTENT, RouteKind.CONTENT),
     **dict.fromkeys(_WRITES, RouteKind.WRITE),
 }
+# The Collections service, as the REST twin classifies the same operations.
+# Collection info counts points (the REST twin filters it; this reply is not
+# read, so it is content); the collection list, alias and shard key listings
+# name other tenants' collections and shards; cluster info counts points per
+# shard. Only the existence check reads.
+_COLLECTION_KINDS: Final[Mapping[str, RouteKind]] = {
+    "Get": RouteKind.CONTENT,
+    "List": RouteKind.CONTENT,
+    "ListCollectionAliases": RouteKind.CONTENT,
+    "ListAliases": RouteKind.CONTENT,
+    "CollectionClusterInfo": RouteKind.CONTENT,
+    "ListShardKeys": RouteKind.CONTENT,
+    "CollectionExists": RouteKind.READ,
+    "Create": RouteKind.WRITE,
+    "Update": RouteKind.WRITE,
+    "Delete": RouteKind.WRITE,
+    "UpdateAliases": RouteKind.WRITE,
+    "UpdateCollectionClusterSetup": RouteKind.WRITE,
+    "CreateShardKey": RouteKind.WRITE,
+    "DeleteShardKey": RouteKind.WRITE,
+}
+# Every method of every service the format claims. Snapshots copy whole
+# collections (or the whole storage) past every per-chunk check.
+SERVICE_KINDS: Final[Mapping[str, Mapping[str, RouteKind]]] = {
+    SERVICE: _KINDS,
+    COLLECTIONS: _COLLECTION_KINDS,
+    SNAPSHOTS: dict.fromkeys(
+        ("Create", "List", "Delete", "CreateFull", "ListFull", "DeleteFull"), RouteKind.CONTENT
+    ),
+}
+# What the request policy's ownership check is given for a call whose request
+# the gate does not read for a collection (a listing of every collection, a
+# full snapshot, alias changes, a newer server's method): every collection, a
+# pattern that passes only when every collection policy data describes is the
+# caller's.
+EVERY_COLLECTION: Final = "*"
 
 # The fields of a point that are Qdrant's own and go out with it (besides the
 # id and the payload, which are rebuilt): messages are copied without unknown fields.
@@ -278,15 +323,33 @@ class QdrantGrpcFormat(TwinGrpcAdapter, QdrantGrpcRequests):
     """Adapter for Qdrant's gRPC API: filters replies, rewrites search requests.
 
     FILTERED are the methods that return points, CONTENT counts, facets and
-    distance matrices, WRITE the rest of the Points service. A method of the
-    service the gate does not know (a newer Qdrant's) is CONTENT, as for every
-    gRPC adapter.
+    distance matrices, WRITE the rest of the Points service; the Collections
+    and Snapshots services are classified too (``SERVICE_KINDS``). A method
+    of those services the gate does not know (a newer Qdrant's) is CONTENT,
+    as for every gRPC adapter.
     """
 
     name = "qdrant_grpc"
     service = SERVICE
     kinds = _KINDS
     replies = _REPLIES
+
+    def route_kind(self, route: Route) -> RouteKind | None:
+        """What a method of ``qdrant.Points``, ``qdrant.Collections`` or
+        ``qdrant.Snapshots`` does (``SERVICE_KINDS``; CONTENT for one the gate does
+        not know); None for other paths."""
+        for service, kinds in SERVICE_KINDS.items():
+            called = grpc_method(route, service)
+            if called is not None:
+                return kinds.get(called, RouteKind.CONTENT)
+        return None
+
+    def route_collections(self, route: Route) -> list[str]:
+        """[] for a call whose request is read for its collections (``rewrites_request``);
+        ``EVERY_COLLECTION`` for any other call of the claimed services."""
+        if self.route_kind(route) is None or self.rewrites_request(route):
+            return []
+        return [EVERY_COLLECTION]
 
     def _twin(self, options: AdapterOptions) -> QdrantFormat:
         # A point is read as the JSON point {"id", "payload"} it stands for.

@@ -28,6 +28,8 @@ Every method of the service names a collection in its request's
 ``collection_name``, which the gRPC path does not: the gate reads it (and
 ``lookup_from``/``with_lookup`` collections, and a batch entry's own name)
 into ``RequestRewrite.collections`` for every method, rewriting only searches.
+So it does for the methods of the Collections and Snapshots services whose
+request has a ``collection_name``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ from sidecar.formats.base import (
 from sidecar.formats.grpc_adapter import decode_request, encode_unary, grpc_method
 
 SERVICE: Final = "qdrant.Points"
+# Qdrant's other services: collections (info, aliases, cluster setup, shard
+# keys) and snapshots. Their requests are read for the collection they name.
+COLLECTIONS: Final = "qdrant.Collections"
+SNAPSHOTS: Final = "qdrant.Snapshots"
 
 Message = Any  # a message class built at run time from the gate's descriptors
 
@@ -117,6 +123,30 @@ _METHODS: Final[Mapping[str, _Method]] = {
     "DeleteVectorName": _Method("qdrant.DeleteVectorNameRequest"),
     "UpdateBatch": _Method("qdrant.UpdateBatchPoints"),
 }
+# The methods of the other services whose request names one collection
+# (``collection_name``); the others name none, or name theirs where the gate's
+# copy does not look (``grpc.QdrantGrpcFormat.route_collections``).
+_SERVICES: Final[Mapping[str, Mapping[str, _Method]]] = {
+    SERVICE: _METHODS,
+    COLLECTIONS: {
+        "Get": _Method("qdrant.GetCollectionInfoRequest"),
+        "Create": _Method("qdrant.CreateCollection"),
+        "Update": _Method("qdrant.UpdateCollection"),
+        "Delete": _Method("qdrant.DeleteCollection"),
+        "ListCollectionAliases": _Method("qdrant.ListCollectionAliasesRequest"),
+        "CollectionClusterInfo": _Method("qdrant.CollectionClusterInfoRequest"),
+        "CollectionExists": _Method("qdrant.CollectionExistsRequest"),
+        "UpdateCollectionClusterSetup": _Method("qdrant.UpdateCollectionClusterSetupRequest"),
+        "CreateShardKey": _Method("qdrant.CreateShardKeyRequest"),
+        "DeleteShardKey": _Method("qdrant.DeleteShardKeyRequest"),
+        "ListShardKeys": _Method("qdrant.ListShardKeysRequest"),
+    },
+    SNAPSHOTS: {
+        "Create": _Method("qdrant.CreateSnapshotRequest"),
+        "List": _Method("qdrant.ListSnapshotsRequest"),
+        "Delete": _Method("qdrant.DeleteSnapshotRequest"),
+    },
+}
 
 # The messages of a search request in which a query, an example, a point id
 # looked up or another collection can sit. The gate's copies declare every
@@ -159,11 +189,12 @@ _POINT_ID: Final = "qdrant.PointId"
 
 
 class QdrantGrpcRequests(RequestCapabilities):
-    """Reads every request of the Points service for its collections, and rewrites searches."""
+    """Reads every request that names a collection for its collections, and rewrites searches."""
 
     def rewrites_request(self, route: Route) -> bool:
-        """True for every method of the Points service: its request message names
-        the collection, which the path does not."""
+        """True for every method of the Points service, and those of the Collections
+        and Snapshots services that name one collection: the request message
+        names the collection, which the path does not."""
         return _method(route) is not None
 
     def rewrite_request(
@@ -219,8 +250,8 @@ class QdrantGrpcRequests(RequestCapabilities):
         )
 
     def request_collections(self, body: bytes, route: Route) -> tuple[str, ...]:
-        """The collections a request of any Points method names, as ``rewrite_request``
-        gives them; raises MalformedRequest for a body that is not its request."""
+        """The collections a request names, as ``rewrite_request`` gives them; raises
+        MalformedRequest for a body that is not its request."""
         method = _method(route)
         if method is None:
             return ()
@@ -229,8 +260,11 @@ class QdrantGrpcRequests(RequestCapabilities):
 
 
 def _method(route: Route) -> _Method | None:
-    name = grpc_method(route, SERVICE)
-    return None if name is None else _METHODS.get(name)
+    for service, methods in _SERVICES.items():
+        name = grpc_method(route, service)
+        if name is not None:
+            return methods.get(name)
+    return None
 
 
 def _sub_requests(request: Message, method: _Method) -> list[Message]:

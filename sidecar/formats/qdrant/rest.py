@@ -48,7 +48,7 @@ from sidecar.formats.base import AbsentAnswer, MalformedBody, ResponseAdapter
 from sidecar.formats.body import HitBody, Selection
 from sidecar.formats.hits import Field, HitLayout, Hits, as_given
 from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
-from sidecar.formats.qdrant.rest_request import QdrantRequests, points_path, post_endpoint
+from sidecar.formats.qdrant.rest_request import QdrantRequests, points_path
 
 # Builds the filtered value of one sub-result for a selection and the most
 # hits (groups, for groups) to keep; None means "leave the value out of its
@@ -271,10 +271,24 @@ _POST_SHAPES: Final[Mapping[str, _Shape]] = {
     "discover/batch": _batch(_point_list),
     "scroll": _single(_scroll_points),
 }
-# POSTs under /collections/{c}/points that change points (the rest read).
-_WRITES: Final = frozenset(
-    {"delete", "payload", "payload/delete", "payload/clear", "vectors", "vectors/delete", "batch"}
+# POSTs below /collections/{c}/ that change points or the collection's setup
+# (the rest read).
+_POST_WRITES: Final = frozenset(
+    {
+        "points/delete",
+        "points/payload",
+        "points/payload/delete",
+        "points/payload/clear",
+        "points/vectors",
+        "points/vectors/delete",
+        "points/batch",
+        "cluster",  # shard moves and replication (UpdateCollectionClusterSetup)
+        "shards/delete",  # a shard key (DeleteShardKey)
+    }
 )
+# Paths outside /collections that count every tenant's points: telemetry
+# (points and vectors per collection and shard) and Prometheus metrics.
+_COUNTING: Final = frozenset({"/telemetry", "/metrics", "/cluster/telemetry"})
 
 
 # The keys of a point (ScoredPoint, Record) that are Qdrant's own: the payload
@@ -300,6 +314,14 @@ class _QdrantBody(HitBody):
         }
         envelope["result"] = self.result.render(selection)
         return envelope
+
+
+def _lists_aliases(segments: list[str]) -> bool:
+    """``/aliases``, ``/collections/aliases`` or ``/collections/{c}/aliases``."""
+    match segments:
+        case ["", "aliases"] | ["", "collections", "aliases"] | ["", "collections", _, "aliases"]:
+            return True
+    return False
 
 
 class QdrantFormat(ResponseAdapter[_Shape], QdrantRequests):
@@ -335,25 +357,35 @@ class QdrantFormat(ResponseAdapter[_Shape], QdrantRequests):
 
         READ: only ``GET``/``HEAD`` of ``/collections/{c}/exists``. Every
         other GET below a collection is CONTENT: snapshots (a whole
-        collection, past every per-chunk check), alias listings (names of
-        other tenants' collections), cluster info (points per shard) and what
-        Qdrant adds later. POSTs that read without being filtered (count,
-        facet) are CONTENT; anything else under ``/collections`` writes.
-        Paths outside ``/collections`` are not claimed.
+        collection, past every per-chunk check), alias and shard key listings
+        (names of other tenants' collections and shards), cluster info
+        (points per shard) and what Qdrant adds later. The collection list
+        and alias listings name every collection; telemetry and metrics count
+        every tenant's points: CONTENT too. POSTs that read without being
+        filtered (count, facet, the distance matrix) are CONTENT; alias
+        changes and anything else under ``/collections`` write. The gRPC
+        twin (``grpc``) classifies the same operations alike. Other paths
+        outside ``/collections`` are not claimed.
         """
         if self._shape(route) is not None:
             return RouteKind.FILTERED
-        segments = route.path.removesuffix("/").split("/")
-        if "snapshots" in segments or segments[-1:] == ["aliases"]:
+        method = route.method.upper()
+        path = route.path.removesuffix("/")
+        segments = path.split("/")
+        if path == "/collections/aliases" and method == "POST":
+            return RouteKind.WRITE  # alias changes
+        if "snapshots" in segments or path in _COUNTING or _lists_aliases(segments):
             return RouteKind.CONTENT
+        if path == "/collections":
+            return RouteKind.CONTENT if method in ("GET", "HEAD") else None
         if len(segments) == 3 and segments[1] == "collections" and segments[2].startswith("_"):
             # Collection info the gate cannot tell from an Elasticsearch API.
             return RouteKind.CONTENT
         if len(segments) < 3 or segments[1] != "collections":
             return None
-        if route.method.upper() in ("GET", "HEAD"):
+        if method in ("GET", "HEAD"):
             return RouteKind.READ if segments[3:] == ["exists"] else RouteKind.CONTENT
-        if route.method.upper() == "POST" and post_endpoint(route) not in _WRITES:
+        if method == "POST" and "/".join(segments[3:]) not in _POST_WRITES:
             # count (a match oracle), facet (payload values across every point),
             # search/matrix: reads the gate does not filter.
             return RouteKind.CONTENT

@@ -28,6 +28,7 @@ from sidecar.core.hits import Route, RouteKind
 from sidecar.formats import grpc_messages
 from sidecar.formats.grpc_adapter import GrpcAdapter, grpc_method
 from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
+from sidecar.formats.weaviate import errors as weaviate_errors
 from sidecar.formats.weaviate.grpc_hits import Options, Reader, ResultGroup
 from sidecar.formats.weaviate.grpc_reply import WeaviateGrpcBody
 from sidecar.formats.weaviate.grpc_request import SERVICE, WeaviateGrpcRequests
@@ -36,16 +37,19 @@ from sidecar.formats.weaviate.rest import generative_option, own_properties, rel
 SEARCH_REPLY: Final = "weaviate.v1.SearchReply"
 _REPLIES: Final[Mapping[str, str]] = {"Search": SEARCH_REPLY}
 
-# Every method of weaviate.v1.Weaviate. Aggregate computes over objects the
-# gate never checks; TenantsGet lists who else uses a multi-tenant collection
-# (as the REST adapter classifies GET /v1/schema/{c}/tenants). BatchSend and
-# BatchStream are the batch writes of servers after 1.32.
+# Every method of weaviate.v1.Weaviate, classified as the REST adapter
+# classifies the same operations. Aggregate computes over objects the gate
+# never checks (POST /v1/aggregate/{c}); TenantsGet lists who else uses a
+# multi-tenant collection (GET /v1/schema/{c}/tenants). BatchSend and
+# BatchStream are the batch writes of servers after 1.32, BatchReferences
+# POST /v1/batch/references.
 _KINDS: Final[Mapping[str, RouteKind]] = {
     "Search": RouteKind.FILTERED,
     "Aggregate": RouteKind.CONTENT,
     "TenantsGet": RouteKind.CONTENT,
     "BatchObjects": RouteKind.WRITE,
     "BatchDelete": RouteKind.WRITE,
+    "BatchReferences": RouteKind.WRITE,
     "BatchSend": RouteKind.WRITE,
     "BatchStream": RouteKind.WRITE,
 }
@@ -98,6 +102,11 @@ class WeaviateGrpcFormat(GrpcAdapter, WeaviateGrpcRequests):
         if kind is not None:
             return kind
         return RouteKind.READ if grpc_method(route, HEALTH_SERVICE) in _HEALTH else None
+
+    def missing_field(self, error_text: str) -> str | None:
+        """The property a Weaviate error (a failed call's status message) names as
+        missing from the class (``errors``)."""
+        return weaviate_errors.missing_field(error_text)
 
     def _read(self, document: tuple[bytes, Any], shape: str) -> WeaviateGrpcBody:
         body, reply = document

@@ -44,7 +44,13 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from sidecar.core.hits import Candidate, Replacement
-from sidecar.formats.base import MalformedBody, RenderLimits, Replacements, Unreleasable
+from sidecar.formats.base import (
+    MalformedBody,
+    RenderLimits,
+    Replacements,
+    ReportedError,
+    Unreleasable,
+)
 from sidecar.formats.grpc_adapter import released_body
 from sidecar.formats.hits import FieldPath
 from sidecar.formats.weaviate.grpc_hits import CheckedObject, Options, ResultGroup, object_uuid
@@ -107,6 +113,8 @@ class WeaviateGrpcBody:
     _last: tuple[tuple[frozenset[int], int | None], list[int]] | None = field(
         default=None, init=False, repr=False
     )
+    # Weaviate answers a failed search with a gRPC status, never inside a reply.
+    reported_error: ReportedError | None = field(default=None, init=False, repr=False)
 
     def render(
         self, keep: Collection[int], limits: RenderLimits = None, replacements: Replacements = None

@@ -19,7 +19,14 @@ from sidecar.core.hits import Route, RouteKind
 from sidecar.formats.base import MalformedBody, ResponseAdapter, load_json, load_object
 from sidecar.formats.hits import Field, FieldPath, HitLayout, Hits
 from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
-from sidecar.formats.weaviate.rest_body import Parser, Release, WeaviateBody, sub_results
+from sidecar.formats.weaviate import errors as weaviate_errors
+from sidecar.formats.weaviate.rest_body import (
+    Parser,
+    Release,
+    WeaviateBody,
+    reported,
+    sub_results,
+)
 from sidecar.formats.weaviate.rest_request import WeaviateRequests, graphql_endpoint
 
 GENERATIVE_MODES: Final = ("strip", "block")
@@ -105,10 +112,14 @@ class WeaviateFormat(ResponseAdapter[bool], WeaviateRequests):
 
         FILTERED: POST ``/v1/graphql`` and ``/v1/graphql/batch``. CONTENT: REST
         object reads, backups, exports, the REST search and aggregate API and
-        MCP (all return stored values past the per-chunk check), and GETs of
-        module-defined endpoints. READ: GET/HEAD of metadata, schema, cluster,
-        user and role endpoints, permission checks and tokenisation. WRITE:
-        everything else on those roots, batches and object changes.
+        MCP (all return stored values past the per-chunk check), GETs of
+        module-defined endpoints, and what names or counts every tenant's
+        objects: nodes, a class's tenants, its shards (objects queued for
+        indexing) and a classification (objects classified). READ: GET/HEAD
+        of metadata, schema, cluster, user and role endpoints, permission
+        checks and tokenisation. WRITE: everything else on those roots,
+        batches and object changes. The gRPC twin (``grpc``) classifies the
+        same operations alike.
         """
         segments = route.path.removesuffix("/").split("/")
         if segments[:2] != ["", "v1"] or not all(segments[2:]):
@@ -126,15 +137,21 @@ class WeaviateFormat(ResponseAdapter[bool], WeaviateRequests):
             return RouteKind.CONTENT if reads else RouteKind.WRITE
         if root in _CONTENT_ROOTS:
             return RouteKind.CONTENT
-        if root == "schema" and rest[2:3] == ["tenants"] and reads:
-            # The names of a multi-tenant class's tenants: who else uses it.
+        if root == "schema" and rest[2:3] in (["tenants"], ["shards"]) and reads:
+            # The names of a multi-tenant class's tenants (who else uses it),
+            # and its shards with the objects each has queued for indexing.
+            return RouteKind.CONTENT
+        if root == "classifications" and rest[1:] and reads:
+            # A classification's counts of the objects it classified.
             return RouteKind.CONTENT
         if root in ("objects", "modules"):
             return RouteKind.CONTENT if reads else RouteKind.WRITE
         if root == "batch":
             return RouteKind.WRITE
-        if root == "tokenize":
-            # Tokenises the text in the request; touches no stored object.
+        tokenizes_property = rest[2:3] == ["properties"] and rest[4:] == ["tokenize"]
+        if root == "tokenize" or (root == "schema" and tokenizes_property and method == "POST"):
+            # Tokenises the text in the request (with a property's tokenization);
+            # touches no stored object.
             return RouteKind.READ
         if root in _READ_ROOTS:
             if reads or (root == "authz" and rest[-1] == "has-permission"):
@@ -154,15 +171,26 @@ class WeaviateFormat(ResponseAdapter[bool], WeaviateRequests):
             raise MalformedBody("a GraphQL batch response is not a JSON list")
         return document
 
+    def missing_field(self, error_text: str) -> str | None:
+        """The property a Weaviate error names as missing from the class (``errors``)."""
+        return weaviate_errors.missing_field(error_text)
+
     def _read(self, document: Any, shape: bool) -> WeaviateBody:
         hits = Hits(self._layout)
         parser = Parser(hits)
         if shape:
             responses = tuple(parser.response(item) for item in document)
             # Batches are never over-fetched.
-            return WeaviateBody(hits, responses, True, self._release)
+            return WeaviateBody(
+                hits, responses, True, self._release, reported_error=reported(responses)
+            )
         response = parser.response(document)
         # A plain query has one limit per class result.
         return WeaviateBody(
-            hits, (response,), False, self._release, sub_results=sub_results(response)
+            hits,
+            (response,),
+            False,
+            self._release,
+            sub_results=sub_results(response),
+            reported_error=reported((response,)),
         )

@@ -12,7 +12,9 @@ A response is rebuilt from what is known to be safe, everything else goes:
 - The envelope keeps ``data`` and ``errors``. Upstream errors may quote stored
   text (a module's error, a failed filter), so a non-empty ``errors`` list
   becomes one entry the gate writes (``UPSTREAM_ERROR``; GraphQL clients need a
-  list of ``{message}``); ``extensions`` and any other key are dropped.
+  list of ``{message}``); ``extensions`` and any other key are dropped. The
+  body reports the upstream's errors as its ``reported_error`` (``errors``),
+  for the audit record.
 - Under ``data``, ``Get`` is rebuilt and null stays null. ``Aggregate``,
   ``Explore`` and any other root field are computed over (or point at) objects
   the gate never checks: they become null with an ``errors`` entry, as GraphQL
@@ -58,14 +60,15 @@ mutated, so ``render`` may be called any number of times.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from sidecar.core.hits import Replacement
-from sidecar.formats.base import MalformedBody, Unreleasable
+from sidecar.formats.base import MalformedBody, ReportedError, Unreleasable
 from sidecar.formats.body import HitBody, Selection
 from sidecar.formats.hits import FieldPath, Hits
+from sidecar.formats.weaviate import errors as weaviate_errors
 
 # What the gate writes into a generative "error" field it had to clear.
 GENERATIVE_WITHHELD: Final = (
@@ -222,6 +225,12 @@ def _objects_in(value: Any) -> list[Any] | None:
     if not all(isinstance(item, dict) for item in value):
         raise MalformedBody("a property mixes objects with other values")
     return value
+
+
+def reported(responses: Sequence[_Response]) -> ReportedError | None:
+    """The errors ``responses`` report, all of them (``errors.reported``); None for none."""
+    errors = [error for response in responses for error in response.envelope.get("errors") or ()]
+    return weaviate_errors.reported(errors)
 
 
 def sub_results(response: _Response) -> int:
