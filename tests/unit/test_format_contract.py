@@ -327,6 +327,7 @@ def test_adapter_bugs_become_malformed_body(
 
     if where == "adapter":
         monkeypatch.setattr(type(case.format), "_read", broken)
+        monkeypatch.setattr(type(case.format), "_read_echoed", broken)
     else:
         monkeypatch.setattr(Hits, "add", broken)
         monkeypatch.setattr(Hits, "add_found", broken)
