@@ -287,11 +287,12 @@ def _qdrant_replies() -> dict[str, tuple[str, dict[str, Any]]]:
     scored = [_qdrant_scored(n) for n in (1, 2, 3)]
     retrieved = [_qdrant_retrieved(n) for n in (1, 2, 3)]
     batch = {"result": [{"result": scored[:2]}, {"result": scored[2:]}], "time": 0.1}
+    # Grouped by "lang" and by "chunk": values the id_field configuration releases.
     groups = {
         "result": {
             "groups": [
-                {"id": {"stringValue": "g1"}, "hits": scored[:2], "lookup": retrieved[0]},
-                {"id": {"integerValue": "2"}, "hits": scored[2:]},
+                {"id": {"stringValue": "en"}, "hits": scored[:2], "lookup": retrieved[0]},
+                {"id": {"stringValue": "3"}, "hits": scored[2:]},
             ]
         }
     }

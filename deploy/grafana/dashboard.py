@@ -128,6 +128,12 @@ def total(counter: str) -> str:
     return summed("", of_job(counter))
 
 
+def age(timestamp: str) -> str:
+    """Seconds since a Unix-time gauge of the chosen deployments, the oldest of them
+    (a gauge at 0 means "none" and is left out)."""
+    return f"max(time() - ({of_job(timestamp)} > 0))"
+
+
 def hit_ratio(hits: str, misses: str) -> str:
     """Hits over hits and misses of a cache, from its two counters."""
     return f"{total(hits)} / ({total(hits)} + {total(misses)})"
@@ -715,6 +721,39 @@ def audit() -> list[timeseries.Panel]:
             [
                 (total("retrieval_gate_audit_records_total"), "written"),
                 (total("retrieval_gate_audit_errors_total"), "failed"),
+                (total("retrieval_gate_audit_checkpoints_total"), "checkpoints signed"),
+            ],
+        ),
+        graph(
+            "Signed checkpoints",
+            "How long the oldest record no checkpoint covers has waited, and the time since "
+            "the last checkpoint, against audit.checkpoint_every_seconds: a wait above the "
+            "interval means signing stopped while records are written.",
+            "s",
+            [
+                (age("retrieval_gate_audit_oldest_unsigned_timestamp_seconds"), "oldest unsigned"),
+                (age("retrieval_gate_audit_last_checkpoint_timestamp_seconds"), "last checkpoint"),
+                (
+                    f"max({of_job('retrieval_gate_audit_checkpoint_every_seconds')})",
+                    "interval",
+                ),
+            ],
+        ),
+        graph(
+            "Answer verification",
+            "Claims of answers checked by Gate/VerifyAnswer, by verdict, and answers by "
+            "result: not_released or text_mismatch point at an application citing what the "
+            "gate did not give it.",
+            "ops",
+            [
+                (
+                    summed("verdict", of_job("retrieval_gate_answer_claims_total")),
+                    "claims {{verdict}}",
+                ),
+                (
+                    summed("result", of_job("retrieval_gate_answer_verifications_total")),
+                    "answers {{result}}",
+                ),
             ],
         ),
     ]

@@ -558,7 +558,9 @@ class ResponseFilter:
         caller = facts.caller
         try:
             heavy = _heavy_body(body)
-            parsed = await _work(heavy, fmt.parse, body, route)
+            # What the answer repeats of the request is rebuilt from the request.
+            echo = None if rewrite is None else rewrite.echo
+            parsed = await _work(heavy, fmt.parse, body, route, echo)
         except MalformedBody as exc:
             log.warning("malformed %s body on %s: %s", fmt.name, route.path, exc)
             return self._unreadable(facts, refusals.UPSTREAM_BODY_MALFORMED)

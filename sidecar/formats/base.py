@@ -176,8 +176,13 @@ class ResponseFormat(Protocol):
         """
         ...
 
-    def parse(self, body: bytes, route: Route) -> ParsedBody:
-        """Parse a successful response body; raise MalformedBody if it is not one."""
+    def parse(self, body: bytes, route: Route, echo: object = None) -> ParsedBody:
+        """Parse a successful response body; raise MalformedBody if it is not one.
+
+        ``echo`` is the ``RequestRewrite.echo`` of the request this body answers
+        (None when the request was not read): what the answer repeats of the
+        request is rebuilt from it, not copied from the database.
+        """
         ...
 
     def missing_field(self, error_text: str) -> str | None:
@@ -245,7 +250,11 @@ class RequestRewrite:
     ``tenant_filter`` and ``overfetched`` say what was applied, for the audit
     record. ``collections`` are the collections the body names beyond the
     path (a lookup collection, a GraphQL class, a batch line's index), for
-    the request policy's ownership check.
+    the request policy's ownership check. ``echo`` is what the request asked
+    that its answer repeats (Chroma's ``include``, the bound a Milvus
+    iterator's page starts from), in the form the format that wrote it reads
+    back: pass it to ``ResponseFormat.parse`` with the answer, so that those
+    values come from the request, never from the database. None: nothing.
     """
 
     body: bytes
@@ -253,6 +262,7 @@ class RequestRewrite:
     tenant_filter: bool
     overfetched: bool
     collections: tuple[str, ...] = ()
+    echo: object = None
 
 
 class RequestCapabilities:
@@ -297,9 +307,13 @@ class RequestCapabilities:
         return None
 
 
-def unchanged_request(body: bytes, collections: tuple[str, ...] = ()) -> RequestRewrite:
-    """``body`` forwarded as it came, naming ``collections``."""
-    return RequestRewrite(body, (), tenant_filter=False, overfetched=False, collections=collections)
+def unchanged_request(
+    body: bytes, collections: tuple[str, ...] = (), echo: object = None
+) -> RequestRewrite:
+    """``body`` forwarded as it came, naming ``collections``, its answer echoing ``echo``."""
+    return RequestRewrite(
+        body, (), tenant_filter=False, overfetched=False, collections=collections, echo=echo
+    )
 
 
 ShapeT = TypeVar("ShapeT")
@@ -317,16 +331,17 @@ class ResponseAdapter(RequestCapabilities, ABC, Generic[ShapeT]):
     def route_kind(self, route: Route) -> RouteKind | None:
         """What ``route`` does in this database's API; None when it is not one of its routes."""
 
-    def parse(self, body: bytes, route: Route) -> ParsedBody:
+    def parse(self, body: bytes, route: Route, echo: object = None) -> ParsedBody:
         """Parse a successful response body; raise MalformedBody if it is not one.
 
-        Raises ValueError if ``route`` is not one this format filters.
+        ``echo``: see ``ResponseFormat.parse``. Raises ValueError if ``route`` is
+        not one this format filters.
         """
         shape = self._shape(route)
         if shape is None:
             raise ValueError(f"route is not handled by the {self.name} format")
         try:
-            return self._read(self._load(body, shape), shape)
+            return self._read_echoed(self._load(body, shape), shape, echo)
         except MalformedBody:
             raise
         except orjson.JSONDecodeError:
@@ -353,6 +368,11 @@ class ResponseAdapter(RequestCapabilities, ABC, Generic[ShapeT]):
     @abstractmethod
     def _read(self, document: Any, shape: ShapeT) -> ParsedBody:
         """Check ``document``, number its hits and return the body to render."""
+
+    def _read_echoed(self, document: Any, shape: ShapeT, echo: object) -> ParsedBody:
+        """``_read``, for an answer to a request whose ``RequestRewrite.echo`` is
+        ``echo``; a format whose answers repeat the request overrides it."""
+        return self._read(document, shape)
 
 
 def load_json(body: bytes) -> Any:

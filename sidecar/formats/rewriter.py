@@ -15,7 +15,9 @@ for. A database supplies, in a small subclass:
 - ``_overfetches(endpoint)`` and ``_limit(request, endpoint)``: whether, and
   through which field, a request's limit may be raised;
 - ``_collections(request, endpoint)`` where a request can name collections
-  beyond its path (for the request policy's ownership check).
+  beyond its path (for the request policy's ownership check);
+- ``_echoes(endpoint)`` and ``_echo(document, endpoint)`` where the answer
+  repeats what the request asked (``RequestRewrite.echo``).
 """
 
 from __future__ import annotations
@@ -73,15 +75,16 @@ class SearchRewriter(RequestCapabilities, ABC, Generic[EndpointT]):
         overfetch = overfetch_factor > 1 and self._overfetches(endpoint)
         names = self._names_collections(endpoint)
         if tenant_key is None and not overfetch and not names:
-            return unchanged_request(body)
+            return unchanged_request(body, echo=self._echo_of(body, endpoint))
         factor = Decimal(repr(overfetch_factor)) if overfetch else None
 
         document = _load(body)
+        # Read before the rewrite: what the app asked and named, not what the gate adds.
+        echo = self._echo(document, endpoint)
         requests = self._sub_requests(document, endpoint)
-        # Read before the rewrite: what the app named, not what the gate adds.
         collections = self._named(requests) if names else ()
         if tenant_key is None and not overfetch:
-            return unchanged_request(body, collections)
+            return unchanged_request(body, collections, echo)
         limits: list[int | None] = []
         for request in requests:
             if tenant_key is not None:
@@ -99,6 +102,7 @@ class SearchRewriter(RequestCapabilities, ABC, Generic[EndpointT]):
             tenant_filter=tenant_key is not None,
             overfetched=overfetched,
             collections=collections,
+            echo=echo,
         )
 
     def request_collections(self, body: bytes, route: Route) -> tuple[str, ...]:
@@ -141,6 +145,26 @@ class SearchRewriter(RequestCapabilities, ABC, Generic[EndpointT]):
     def _names_collections(self, endpoint: EndpointT) -> bool:
         """True when requests of ``endpoint`` can name collections beyond the path."""
         return False
+
+    def _echo_of(self, body: bytes, endpoint: EndpointT) -> object:
+        """``_echo`` of a body nothing is applied to, which goes on as it came: one
+        that cannot be read echoes nothing (the database refuses it)."""
+        if not self._echoes(endpoint):
+            return None
+        try:
+            document = _load(body)
+        except MalformedRequest:
+            return None
+        return self._echo(document, endpoint)
+
+    def _echoes(self, endpoint: EndpointT) -> bool:
+        """True when answers on ``endpoint`` repeat what the request asked."""
+        return False
+
+    def _echo(self, document: dict[str, Any], endpoint: EndpointT) -> object:
+        """What the answer to ``document`` repeats of it (``RequestRewrite.echo``);
+        None: nothing."""
+        return None
 
     def _collections(self, request: dict[str, Any]) -> list[str]:
         """The collections one (sub-)request names beyond the path.

@@ -8,12 +8,17 @@ falls back to the unfiltered candidates.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
 from sidecar.wire import gate_pb2, gate_pb2_grpc
+
+# Where an adapter's admitted document or node carries the id of the decision
+# that admitted it, for the answer's verification (docs/verify-answer.md).
+DECISION_ID_KEY = "retrieval_gate_decision_id"
 
 # What the adapters accept as the end user's credential: the token itself, or
 # a function that returns the current user's (e.g. from a context variable).
@@ -197,3 +202,41 @@ def _checked(response: gate_pb2.FilterResponse, candidates: Sequence[tuple[str, 
         tuple(d.admitted for d in decisions),
         tuple(tuple(d.reasons) for d in decisions),
     )
+
+
+def as_claim(claim: ClaimToVerify | Mapping[str, Any]) -> ClaimToVerify:
+    """``claim`` as a ClaimToVerify; a mapping gives ``chunk_ids`` and ``quotes``."""
+    if isinstance(claim, ClaimToVerify):
+        return claim
+    return ClaimToVerify(
+        tuple(str(i) for i in claim.get("chunk_ids", ())),
+        tuple(str(q) for q in claim.get("quotes", ())),
+    )
+
+
+def verify_cited(
+    gate: GateClient,
+    credential: Credential,
+    cited: Sequence[tuple[object, str, str]],
+    claims: Sequence[ClaimToVerify | Mapping[str, Any]],
+) -> Verification:
+    """Check ``claims`` against the decisions that admitted the ``cited`` chunks; raises
+    AnswerNotSupported unless every claim is supported.
+
+    ``cited``: ``(decision id, chunk id, text)`` of each chunk the answer was
+    made from, as an adapter's admitted documents or nodes carry them; one
+    without a decision id was not admitted by the gate, and raises GateError.
+    """
+    decision_ids: list[str] = []
+    chunks: list[tuple[str, str]] = []
+    for decision_id, chunk_id, text in cited:
+        if not isinstance(decision_id, str) or not decision_id:
+            raise GateError("a chunk was not admitted by the gate (no decision id)")
+        decision_ids.append(decision_id)
+        chunks.append((chunk_id, text))
+    verification = gate.verify_answer(
+        list(dict.fromkeys(decision_ids)), [as_claim(c) for c in claims], chunks, credential
+    )
+    if not verification.supported:
+        raise AnswerNotSupported(verification)
+    return verification

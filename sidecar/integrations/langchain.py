@@ -31,16 +31,14 @@ from langchain_core.runnables import RunnableLambda
 from pydantic import Field
 
 from sidecar.integrations.client import (
-    AnswerNotSupported,
+    DECISION_ID_KEY,
     ClaimToVerify,
     Credential,
     GateClient,
     GateError,
     Verification,
+    verify_cited,
 )
-
-# Where an admitted document carries the id of the decision that admitted it.
-DECISION_ID_KEY = "retrieval_gate_decision_id"
 
 
 class GatedRetriever(BaseRetriever):
@@ -114,21 +112,15 @@ def verify_documents(
     ``quotes``. The texts sent are the documents' ``page_content``, as the
     model saw them.
     """
-    decision_ids: list[str] = []
-    chunks: list[tuple[str, str]] = []
-    for document in documents:
-        decision_id = document.metadata.get(DECISION_ID_KEY)
-        if not isinstance(decision_id, str) or not decision_id:
-            raise GateError("a document was not admitted by the gate (no decision id)")
-        decision_ids.append(decision_id)
-        value = document.id if id_key is None else document.metadata.get(id_key)
-        chunks.append(("" if value is None else str(value), document.page_content))
-    verification = gate.verify_answer(
-        list(dict.fromkeys(decision_ids)), [_claim(c) for c in claims], chunks, credential
-    )
-    if not verification.supported:
-        raise AnswerNotSupported(verification)
-    return verification
+    cited = [
+        (
+            document.metadata.get(DECISION_ID_KEY),
+            _chunk_id(document.id if id_key is None else document.metadata.get(id_key)),
+            document.page_content,
+        )
+        for document in documents
+    ]
+    return verify_cited(gate, credential, cited, claims)
 
 
 def answer_verification(
@@ -146,10 +138,5 @@ def answer_verification(
     return RunnableLambda(verify)
 
 
-def _claim(claim: ClaimToVerify | Mapping[str, Any]) -> ClaimToVerify:
-    if isinstance(claim, ClaimToVerify):
-        return claim
-    return ClaimToVerify(
-        tuple(str(i) for i in claim.get("chunk_ids", ())),
-        tuple(str(q) for q in claim.get("quotes", ())),
-    )
+def _chunk_id(value: object) -> str:
+    return "" if value is None else str(value)

@@ -63,7 +63,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GateStack]:
             "routes": {
                 "/collections/strict/": {"mode": "strict"},
                 "/collections/audit/": {"mode": "audit"},
-            }
+            },
+            # The group searches group by doc_id: their ids go out as its released values.
+            "formats": {"qdrant": {"releasable_fields": ["doc_id"]}},
         },
     ).start()
     yield gate

@@ -15,8 +15,8 @@ from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 
-from sidecar.integrations.client import GateClient, GateError
-from sidecar.integrations.langchain import GatedRetriever
+from sidecar.integrations.client import DECISION_ID_KEY, AnswerNotSupported, GateClient, GateError
+from sidecar.integrations.langchain import GatedRetriever, answer_verification, verify_documents
 from tests.fixtures.gate_service import (
     ADMITTED_IDS,
     COLLECTION,
@@ -125,3 +125,31 @@ def test_a_document_without_an_id_is_dropped(gate: GateClient) -> None:
 def test_the_credential_is_not_in_the_repr(gate: GateClient) -> None:
     token = jwt()
     assert token not in repr(gated(gate, token))
+
+
+# -- verifying the answer made from the admitted documents ---------------------------------
+
+
+def test_an_answer_quoting_admitted_documents_is_verified(gate: GateClient) -> None:
+    documents = gated(gate, jwt()).invoke("q")
+    assert all(d.metadata[DECISION_ID_KEY] for d in documents)
+    claims = [{"chunk_ids": ["ok-1"], "quotes": ["handle with care."]}]
+    verification = verify_documents(gate, jwt(), documents, claims)
+    assert [c.verdict for c in verification.claims] == ["supported"]
+    # The chain step adds the verification to what flows through it.
+    state = answer_verification(gate, jwt()).invoke({"documents": documents, "claims": claims})
+    assert state["verification"].supported
+
+
+def test_a_misquote_raises_answer_not_supported(gate: GateClient) -> None:
+    documents = gated(gate, jwt()).invoke("q")
+    claims = [{"chunk_ids": ["ok-2"], "quotes": ["handle with great care"]}]
+    with pytest.raises(AnswerNotSupported) as raised:
+        verify_documents(gate, jwt(), documents, claims)
+    assert [c.verdict for c in raised.value.verification.claims] == ["quote_not_found"]
+
+
+def test_a_document_the_gate_did_not_admit_cannot_be_cited(gate: GateClient) -> None:
+    # The retriever's own document, not the gate's copy: no decision id.
+    with pytest.raises(GateError, match="not admitted"):
+        verify_documents(gate, jwt(), DOCUMENTS[:1], [{"chunk_ids": ["ok-1"]}])

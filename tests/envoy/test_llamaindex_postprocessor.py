@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from llama_index.core.schema import NodeWithScore, TextNode
+from llama_index.core.schema import MetadataMode, NodeWithScore, TextNode
 
-from sidecar.integrations.client import GateClient, GateError
-from sidecar.integrations.llamaindex import GatePostprocessor
+from sidecar.integrations.client import DECISION_ID_KEY, AnswerNotSupported, GateClient, GateError
+from sidecar.integrations.llamaindex import GatePostprocessor, verify_nodes
 from tests.fixtures.gate_service import (
     ADMITTED_IDS,
     COLLECTION,
@@ -97,3 +97,28 @@ def test_an_unreachable_gate_raises(stack: GateStack) -> None:
     with pytest.raises(GateError):
         GatePostprocessor(gate=down, credential=jwt()).postprocess_nodes(nodes())
     down.close()
+
+
+# -- verifying the answer made from the admitted nodes -------------------------------------
+
+
+def test_admitted_nodes_carry_their_decision_out_of_the_prompt(gate: GateClient) -> None:
+    given = nodes()
+    kept = GatePostprocessor(gate=gate, credential=jwt()).postprocess_nodes(given, query_str="q")
+    for scored in kept:
+        decision_id = scored.node.metadata[DECISION_ID_KEY]
+        assert decision_id
+        # Neither the model nor the embedding sees it; the index's node is untouched.
+        assert decision_id not in scored.node.get_content(metadata_mode=MetadataMode.LLM)
+        assert decision_id not in scored.node.get_content(metadata_mode=MetadataMode.EMBED)
+    assert all(DECISION_ID_KEY not in n.node.metadata for n in given)
+
+
+def test_an_answer_is_verified_against_the_nodes_decisions(gate: GateClient) -> None:
+    kept = GatePostprocessor(gate=gate, credential=jwt()).postprocess_nodes(nodes(), query_str="q")
+    supported = [{"chunk_ids": ["ok-1"], "quotes": ["handle with care."]}]
+    assert verify_nodes(gate, jwt(), kept, supported).supported
+    with pytest.raises(AnswerNotSupported):
+        verify_nodes(gate, jwt(), kept, [{"chunk_ids": ["ok-1"], "quotes": ["not in it"]}])
+    with pytest.raises(GateError, match="not admitted"):
+        verify_nodes(gate, jwt(), nodes()[:1], supported)

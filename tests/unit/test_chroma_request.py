@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from sidecar.core.hits import Route
 from sidecar.formats.base import MalformedRequest, RequestRewrite, UnfilterableRequest
 from sidecar.formats.chroma.rest import ChromaFormat
+from sidecar.formats.chroma.rest_request import ChromaEcho
 from tests.fixtures.chroma_bodies import route
 from tests.fixtures.format_strategies import PROPERTIES
 
@@ -310,7 +311,9 @@ def test_over_fetch_without_push_down() -> None:
 def test_nothing_to_apply_leaves_the_body_as_it_was() -> None:
     body = b'{"where": {"a": 1}, "limit": 3}'
     out = rewrite("get", body, tenant_key=None)
-    assert out == RequestRewrite(body, (), tenant_filter=False, overfetched=False)
+    # The answer's include is still read: it comes from the request.
+    echo = ChromaEcho(include=("documents", "metadatas"))
+    assert out == RequestRewrite(body, (), tenant_filter=False, overfetched=False, echo=echo)
 
 
 # -- bodies that cannot be read ------------------------------------------------------------
@@ -336,3 +339,35 @@ def test_unreadable_bodies(endpoint: str, body: bytes) -> None:
         rewrite(endpoint, body, factor=2.0)
     assert "SECRET" not in str(raised.value)
     assert raised.value.__cause__ is None
+
+
+# -- what the answer repeats of the request -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "include"),
+    [
+        ("get", {}, ("documents", "metadatas")),  # the server's defaults (measured)
+        ("query", {"query_embeddings": EMBEDDINGS}, ("documents", "metadatas", "distances")),
+        ("get", {"include": ["uris", "uris", "documents"]}, ("uris", "uris", "documents")),
+        ("query", {"include": []}, ()),
+        ("get", {"include": None}, None),  # refused by the server: no include known
+        ("get", {"include": ["documents", 1]}, None),
+    ],
+)
+def test_the_include_a_request_asks_is_read_for_its_answer(
+    endpoint: str, body: dict[str, Any], include: tuple[str, ...] | None
+) -> None:
+    for tenant_key in ("tenant", None):
+        out = rewrite(endpoint, body, tenant_key=tenant_key)
+        assert out.echo == ChromaEcho(include=include)
+
+
+def test_the_keys_each_search_selects_are_read_for_its_answer() -> None:
+    searches = [
+        {"select": {"keys": ["#document", "title"]}},
+        {},
+        {"select": {"keys": "#document"}},
+    ]
+    out = rewrite("search", {"searches": searches})
+    assert out.echo == ChromaEcho(selects=(("#document", "title"), (), None))

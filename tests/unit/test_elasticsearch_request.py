@@ -633,7 +633,6 @@ def test_query_string_problem(query_string: str, problem: str | None) -> None:
     [
         Route("GET", "/_search"),
         Route("POST", "/_msearch"),
-        Route("POST", "/_search/scroll"),
         Route("POST", "/_search/template"),
         Route("POST", "/docs/_knn_search"),
     ],
@@ -641,6 +640,29 @@ def test_query_string_problem(query_string: str, problem: str | None) -> None:
 def test_every_search_route_checks_its_parameters(route: Route) -> None:
     assert query_string_problem(route, "q=x") is not None
     assert query_string_problem(route, "typed_keys=true") is None
+
+
+@pytest.mark.parametrize(
+    "route",
+    [
+        Route("POST", "/_search/scroll"),
+        Route("GET", "/_search/scroll"),
+        Route("GET", "/_search/scroll/FGluY2x1ZGVfY29udGV4dF91dWlk"),
+    ],
+)
+def test_a_scroll_continuation_is_refused_whatever_its_parameters(route: Route) -> None:
+    # It carries no query: it continues whoever opened the scroll, for whoever holds its id.
+    for query_string in ("", "typed_keys=true", "scroll_id=FGluY2x1ZGVfY29udGV4dF91dWlk"):
+        found = query_string_problem(route, query_string)
+        assert found is not None and "scroll" in found
+        assert "FGluY2x1" not in found
+
+
+@pytest.mark.parametrize("query_string", ["scroll=1m", "scroll_id=abc", "size=5&scroll=30s"])
+def test_opening_or_naming_a_scroll_is_refused(query_string: str) -> None:
+    for route in (SEARCH, Route("POST", "/_msearch"), Route("GET", "/_search")):
+        found = query_string_problem(route, query_string)
+        assert found is not None and "'scroll" in found
 
 
 def test_other_routes_are_not_checked() -> None:

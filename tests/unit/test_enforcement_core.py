@@ -497,3 +497,31 @@ def test_too_many_candidates_sent_without_a_body_are_refused_except_in_audit_mod
     # Audit mode changes nothing the caller gets: no decisions, no refusal.
     assert (answer.refusal is not None, answer.decisions) == (refused, ())
     assert core.last_audit()["error"] == "upstream_too_many_hits"
+
+
+def test_what_an_answer_repeats_of_its_request_comes_from_the_request(core: Core) -> None:
+    # A Chroma get: the request path reads the request (its include) into the rewrite,
+    # and the response path rebuilds the answer's include from it, not from the database.
+    route = Route("POST", "/api/v2/tenants/t/databases/d/collections/c/get")
+    fmt = core.filter.format_for(route)
+    assert fmt is not None
+    rewrite = fmt.rewrite_request(
+        b'{"include": ["documents"]}',
+        route,
+        tenant="acme",
+        tenant_key="tenant",
+        overfetch_factor=1.0,
+        overfetch_cap=100,
+    )
+    planted = "text of another tenant's chunk"
+    body = orjson.dumps({"ids": ["1"], "documents": [text_for("1")], "include": [planted]})
+    result = asyncio.run(core.filter.filter(fmt, route, ALICE, "req-1", body, rewrite))
+    assert result.body is not None
+    assert orjson.loads(result.body) == {
+        "ids": ["1"],
+        "documents": [text_for("1")],
+        "include": ["documents"],
+    }
+    # Without the request (never, for a body the gate filters) the value is checked.
+    refused = asyncio.run(core.filter.filter(fmt, route, ALICE, "req-2", body))
+    assert refused.status == 502

@@ -405,7 +405,7 @@ def test_unexpected_failure_answers_500(sidecar: Sidecar, monkeypatch: pytest.Mo
     fmt = sidecar.response_filter.format_for(Route("POST", SEARCH))
     assert fmt is not None
 
-    def bug(body: bytes, route: Route) -> object:
+    def bug(body: bytes, route: Route, echo: object = None) -> object:
         raise RuntimeError("bug")
 
     # The format the request path planned with is the one that parses the body.
@@ -524,12 +524,12 @@ def test_a_large_body_is_parsed_off_the_event_loop_while_small_ones_complete(
     parsing, resume = threading.Event(), threading.Event()
     resumed: list[bool] = []  # False: the hold timed out, nothing resumed it
 
-    def held(body: bytes, route: Route) -> Any:
+    def held(body: bytes, route: Route, echo: object = None) -> Any:
         if len(body) == len(large):
             parsing.set()
             # On the event loop, this would block every stream until the timeout.
             resumed.append(resume.wait(timeout=10))
-        return parse(body, route)
+        return parse(body, route, echo)
 
     monkeypatch.setattr(fmt, "parse", held)
 

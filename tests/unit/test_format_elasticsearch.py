@@ -92,9 +92,23 @@ HITS = [
 
 
 def _released(item: Hit) -> Hit:
-    """``item`` as the default format releases it: of its ``_source``, only the text."""
+    """``item`` as the default format releases it: of its ``_source``, only the text,
+    and of its highlights those of the text that quote it."""
     source = item["_source"]
-    return {**item, "_source": {k: v for k, v in source.items() if k == "text"}}
+    out = {**item, "_source": {k: v for k, v in source.items() if k == "text"}}
+    if "highlight" in item:
+        text = source.get("text")
+        fragments = item["highlight"].get("text", [])
+        quoting = [f for f in fragments if isinstance(text, str) and _untagged(f) in text]
+        del out["highlight"]
+        if quoting:
+            out["highlight"] = {"text": quoting}
+    return out
+
+
+def _untagged(fragment: str) -> str:
+    """A highlight fragment without Elasticsearch's default tags."""
+    return fragment.replace("<em>", "").replace("</em>", "")
 
 
 def _route(name: str) -> Route:
@@ -1119,14 +1133,15 @@ def test_side_structures_are_removed_by_default() -> None:
         "timed_out",
         "_shards",
         "hits",
-        "_scroll_id",
         "pit_id",
         "_clusters",
         "num_reduce_phases",
     ]
     # terminated_early and phase_took describe the search over every document.
-    for key in ("_scroll_id", "pit_id", "_clusters", "num_reduce_phases", "_shards"):
+    for key in ("pit_id", "_clusters", "num_reduce_phases", "_shards"):
         assert out[key] == body[key]
+    # A scroll continues whoever opened it, for whoever holds the id.
+    assert "_scroll_id" not in out
     first, second = out["hits"]["hits"]
     # inner_hits may be other documents; the hit's own highlight of the text stays.
     assert first == _released(HITS[0]) | {"highlight": {"text": ["<em>alpha</em>"]}}
@@ -1216,6 +1231,66 @@ def test_highlight_keeps_only_the_text_fields_fragments(highlight: Any, expected
     parsed = _parse(search_body([item]))
     (out,) = orjson.loads(parsed.render({0}))["hits"]["hits"]
     assert out.get("highlight") == (None if expected is None else {"text": expected})
+
+
+@pytest.mark.parametrize(
+    "fragment",
+    [
+        "<em>alpha</em>",
+        "alpha",  # no_match_size: the start of the field, untagged
+        '<em class="hlt3">alpha</em>',  # tags_schema: styled
+        "<em></em>",
+    ],
+)
+def test_a_fragment_quoting_the_released_text_goes_out(fragment: str) -> None:
+    item = hit("a", "alpha beta")
+    item["highlight"] = {"text": [fragment]}
+    (out,) = orjson.loads(_parse(search_body([item])).render({0}))["hits"]["hits"]
+    assert out["highlight"] == {"text": [fragment]}
+
+
+@pytest.mark.parametrize(
+    "fragment",
+    [
+        "<em>gamma</em> from another tenant's document",  # not this hit's text
+        "<em>alpha</em> beta and more",  # longer than the text
+        "<b>alpha</b>",  # other tags: the gate cannot tell them from text
+        "&lt;alpha&gt;",  # HTML-encoded: neither
+        '<em class="hlt11">alpha</em>',  # not a styled tag
+    ],
+)
+def test_a_fragment_that_does_not_quote_the_released_text_goes(fragment: str) -> None:
+    item = hit("a", "alpha beta")
+    item["highlight"] = {"text": ["<em>alpha</em>", fragment]}
+    (out,) = orjson.loads(_parse(search_body([item])).render({0}))["hits"]["hits"]
+    assert out["highlight"] == {"text": ["<em>alpha</em>"]}
+    item["highlight"] = {"text": [fragment]}
+    (out,) = orjson.loads(_parse(search_body([item])).render({0}))["hits"]["hits"]
+    assert "highlight" not in out
+
+
+def test_highlights_of_released_fields_go_out_when_they_quote_their_values() -> None:
+    fmt = ElasticsearchFormat(AdapterOptions(releasable_fields=["title", "meta.tags"]))
+    item = hit("a", "alpha", title="Quarterly report", meta={"tags": ["x-ray", "yankee"]})
+    item["_source"]["secret"] = "acme merger"
+    item["highlight"] = {
+        "title": ["<em>Quarterly</em> report", "<em>Annual</em> report"],
+        "meta.tags": ["<em>yankee</em>"],
+        "secret": ["<em>acme</em> merger"],  # a field that does not go out
+    }
+    (out,) = orjson.loads(fmt.parse(encode(search_body([item])), _route("search")).render({0}))[
+        "hits"
+    ]["hits"]
+    assert out["highlight"] == {
+        "title": ["<em>Quarterly</em> report"],
+        "meta.tags": ["<em>yankee</em>"],
+    }
+
+
+def test_a_scroll_id_never_goes_out() -> None:
+    body = {**search_body(HITS[:1]), "_scroll_id": "FGluY2x1ZGVfY29udGV4dF91dWlk"}
+    for keep in ({0}, set()):
+        assert "_scroll_id" not in orjson.loads(_parse(body).render(keep))
 
 
 def test_hits_keep_only_elasticsearchs_own_keys() -> None:
@@ -1625,11 +1700,21 @@ def _hits(draw: st.DrawFn, min_size: int = 0, max_size: int = 6) -> list[Hit]:
         )
         item = hit(doc_id, draw(st.none() | st.text(max_size=12)), score=draw(_scores), **source)
         if draw(st.booleans()):
-            item["highlight"] = {"text": draw(st.lists(st.text(max_size=6), max_size=2))}
+            fragment = st.text(max_size=6) | _quoting(item["_source"].get("text") or "")
+            item["highlight"] = {"text": draw(st.lists(fragment, max_size=2))}
         if draw(st.booleans()):
             item["sort"] = draw(st.lists(json_scalars, max_size=2))
         out.append(item)
     return out
+
+
+def _quoting(text: str) -> st.SearchStrategy[str]:
+    """Highlight fragments quoting ``text``: a part of it with a term tagged."""
+    return st.integers(0, len(text)).flatmap(
+        lambda start: st.integers(start, len(text)).map(
+            lambda end: f"{text[:start]}<em>{text[start:end]}</em>"
+        )
+    )
 
 
 @st.composite

@@ -27,6 +27,7 @@ from sidecar.formats import grpc_frames, grpc_messages
 from sidecar.formats.base import MalformedBody
 from sidecar.formats.milvus.grpc import MilvusGrpcFormat
 from sidecar.formats.milvus.grpc_methods import KINDS
+from sidecar.formats.milvus.grpc_request import IteratorEcho
 from sidecar.formats.milvus.rest import ERROR_MESSAGE
 from sidecar.formats.options import AdapterOptions
 from tests.fixtures import milvus_grpc_bodies as mb
@@ -586,15 +587,53 @@ def test_group_by_values_highlights_and_element_indices_follow_the_rows() -> Non
     ]
 
 
-def test_an_iterator_bound_is_that_of_the_last_row_sent() -> None:
-    reply = simple([1, 2, 3])
-    iterator = schema_pb2.SearchIteratorV2Results(token="tok", last_bound=0.75)
-    reply.extra = {"search_iterator_v2_results": iterator}
-    parsed = FMT.parse(reply.body(), mb.SEARCH)
-    out = mb.search_message(parsed.render({0, 1})).results.search_iterator_v2_results
-    assert (out.token, out.last_bound) == ("tok", reply.scores[1])
-    kept_all = mb.search_message(parsed.render({0, 1, 2})).results.search_iterator_v2_results
-    assert kept_all.last_bound == 0.75
+def _iterator_page(
+    keys: Sequence[int], token: str = "tok", last_bound: float = 0.75
+) -> tuple[Reply, Any]:
+    """A search iterator's page of ``keys`` and its iterator fields, as Milvus answers."""
+    reply = simple(keys)
+    reply.extra = {
+        "search_iterator_v2_results": schema_pb2.SearchIteratorV2Results(
+            token=token, last_bound=last_bound
+        )
+    }
+    return reply, FMT.parse(reply.body(), mb.SEARCH)
+
+
+def _iteration(body: bytes) -> tuple[str, float]:
+    out = mb.search_message(body).results.search_iterator_v2_results
+    return out.token, out.last_bound
+
+
+def test_an_iterator_bound_is_the_score_of_the_last_row_sent() -> None:
+    reply, parsed = _iterator_page([1, 2, 3], last_bound=0.5)  # none of the scores
+    token, bound = _iteration(parsed.render({0, 1}))
+    assert token == "tok"
+    assert bound == pytest.approx(reply.scores[1])
+    # Nothing rejected: Milvus' own bound is the last row's score, and so is the gate's.
+    assert _iteration(parsed.render({0, 1, 2}))[1] == pytest.approx(reply.scores[2])
+
+
+def test_a_page_with_no_row_sent_never_carries_a_rejected_rows_score() -> None:
+    reply, parsed = _iterator_page([1, 2, 3], last_bound=0.75)
+    # A first page: no bound to start from, none goes out (the empty page ends it).
+    assert _iteration(parsed.render(set())) == ("tok", 0.0)
+    # A later page: the bound it started from, as Milvus answers a page with no row.
+    echo = IteratorEcho("tok", 0.9)
+    later = FMT.parse(reply.body(), mb.SEARCH, echo)
+    token, bound = _iteration(later.render(set()))
+    assert token == "tok"
+    assert bound == pytest.approx(0.9)
+    assert all(_iteration(later.render(set()))[1] != pytest.approx(s) for s in reply.scores)
+
+
+def test_the_iterator_token_is_the_one_the_request_named() -> None:
+    reply, _ = _iterator_page([1, 2], token="planted-by-the-upstream")
+    parsed = FMT.parse(reply.body(), mb.SEARCH, IteratorEcho("the-apps-token", 0.9))
+    assert _iteration(parsed.render({0}))[0] == "the-apps-token"
+    # A first page names none: the server's new token goes out.
+    first = FMT.parse(reply.body(), mb.SEARCH, IteratorEcho(None, None))
+    assert _iteration(first.render({0}))[0] == "planted-by-the-upstream"
 
 
 # -- substitutes -----------------------------------------------------------------------

@@ -15,11 +15,19 @@ import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import TypeAdapter
+from qdrant_client.http import models
 
 from sidecar.core.hits import Candidate, Replacement, Route, RouteKind
-from sidecar.formats.base import SUBSTITUTED_FOR, AbsentAnswer, MalformedBody, ParsedBody
+from sidecar.formats.base import (
+    SUBSTITUTED_FOR,
+    AbsentAnswer,
+    MalformedBody,
+    ParsedBody,
+    Unreleasable,
+)
 from sidecar.formats.options import AdapterOptions
-from sidecar.formats.qdrant.rest import QdrantFormat
+from sidecar.formats.qdrant.rest import GROUP_ID_NOT_RELEASED, OPTIMIZER_ERROR, QdrantFormat
 from tests.fixtures.format_strategies import PROPERTIES, json_values
 from tests.fixtures.qdrant_bodies import (
     BUILDERS,
@@ -63,7 +71,8 @@ def _build(suffix: str, points: Sequence[Point], keep: Collection[int] | None = 
     the gate releases it keeping only the points whose index is in ``keep``.
 
     A released body has only the keys Qdrant's spec gives it, payloads hold
-    only the text, and scroll's cursor follows the last released point.
+    only the text (and a group's hits the grouped-by field, declared
+    releasable), and scroll's cursor follows the last released point.
     Batches split the points in two halves and groups take two points each, so
     hit positions equal indexes in ``points``. This is the oracle for filtering.
     """
@@ -94,7 +103,11 @@ def _build(suffix: str, points: Sequence[Point], keep: Collection[int] | None = 
     elif last == "batch":
         body = batch_body(halves)
     elif last == "groups":
-        pairs = [(f"doc-{i // 2}", kept(i, points[i : i + 2])) for i in range(0, len(points), 2)]
+        keys = [f"doc-{i // 2}" for i in range(0, len(points), 2)]
+        pairs = [
+            (key, kept(i, in_group(points[i : i + 2], key)))
+            for i, key in zip(range(0, len(points), 2), keys, strict=True)
+        ]
         body = groups_body([group(key, hits) for key, hits in pairs if hits])
     else:
         body = search_body(kept(0, points))
@@ -105,8 +118,22 @@ def _build(suffix: str, points: Sequence[Point], keep: Collection[int] | None = 
 
 
 def _released(hit: Point) -> Point:
-    """A point as the gate releases it by default: its payload is the text alone."""
-    return {**hit, "payload": {"text": hit["payload"]["text"]}}
+    """A point as ``GROUPED`` releases it: its payload is the text alone (and the
+    grouped-by field, where a group's hit has it)."""
+    payload = hit["payload"]
+    grouped = {GROUP_FIELD: payload[GROUP_FIELD]} if GROUP_FIELD in payload else {}
+    return {**hit, "payload": {"text": payload["text"], **grouped}}
+
+
+# The payload field the groups of these tests are grouped by, declared releasable:
+# a group's id is its value, which goes out only when the caller gets it anyway.
+GROUP_FIELD = "doc"
+GROUPED = QdrantFormat(AdapterOptions(releasable_fields=[GROUP_FIELD]))
+
+
+def in_group(hits: Sequence[Point], key: int | str) -> list[Point]:
+    """``hits`` as a group_by on ``GROUP_FIELD`` finds them for the group ``key``."""
+    return [{**hit, "payload": {**hit["payload"], GROUP_FIELD: key}} for hit in hits]
 
 
 def _after(points: Sequence[Point]) -> int | str | None:
@@ -120,7 +147,7 @@ def _after(points: Sequence[Point]) -> int | str | None:
 
 
 def _parse(body: Body, suffix: str, fmt: QdrantFormat | None = None) -> ParsedBody:
-    return (fmt or QdrantFormat()).parse(encode(body), route(suffix))
+    return (fmt or GROUPED).parse(encode(body), route(suffix))
 
 
 def _filtered(body: Body, suffix: str, keep: Collection[int]) -> Body:
@@ -376,6 +403,120 @@ def test_collection_info_goes_out_without_point_counts() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    "optimizer",
+    [{"error": "segment /var/lib/qdrant/acme-secret.bin is broken"}],
+)
+def test_an_optimizer_error_keeps_its_shape_with_the_gates_text(optimizer: Any) -> None:
+    info = {"status": "red", "optimizer_status": optimizer, "segments_count": 1}
+    body = {"result": info, "status": "ok", "time": TIME}
+    out = orjson.loads(
+        QdrantFormat().parse(encode(body), Route("GET", "/collections/docs")).render(set())
+    )
+    assert out["result"]["optimizer_status"] == {"error": OPTIMIZER_ERROR}
+    assert b"acme-secret" not in orjson.dumps(out)
+    # qdrant-client reads it as Qdrant's own optimizer error.
+    status = TypeAdapter(models.OptimizersStatus).validate_python(out["result"]["optimizer_status"])
+    assert status == models.OptimizersStatusOneOf1(error=OPTIMIZER_ERROR)
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        {"status": "text of another tenant's chunk", "optimizer_status": "ok"},
+        {"status": "green", "optimizer_status": "text of another tenant's chunk"},
+        {"status": "green", "optimizer_status": {"error": 1}},
+        {"status": "green", "optimizer_status": {"error": "e", "more": "x"}},
+        {"status": "green", "segments_count": "2"},
+        {"status": "green", "segments_count": -1},
+        {"status": "green", "segments_count": True},
+    ],
+)
+def test_collection_info_values_outside_their_enumeration_are_malformed(
+    info: dict[str, Any],
+) -> None:
+    body = encode({"result": info, "status": "ok", "time": TIME})
+    with pytest.raises(MalformedBody):
+        QdrantFormat().parse(body, Route("GET", "/collections/docs"))
+
+
+@pytest.mark.parametrize(
+    "envelope",
+    [
+        {"status": "text of another tenant's chunk"},
+        {"status": {"error": "quoting a document"}},
+        {"status": "accepted"},  # an asynchronous write's, never a read's
+        {"status": None},
+        {"time": "text of another tenant's chunk"},
+        {"time": True},
+    ],
+)
+def test_an_envelope_status_or_time_that_is_no_reads_is_malformed(
+    envelope: dict[str, Any],
+) -> None:
+    body = {**search_body(POINTS[:1]), **envelope}
+    with pytest.raises(MalformedBody):
+        _parse(body, "search")
+
+
+# -- group ids are released values --------------------------------------------------
+
+
+def test_a_group_id_of_a_field_not_released_makes_the_answer_unreleasable() -> None:
+    # group_by on "secret" (not declared): the id is a value the caller may not read.
+    hits = [point(1, "alpha", secret="acme-merger"), point(2, "beta", secret="acme-merger")]
+    body = groups_body([group("acme-merger", hits)])
+    parsed = QdrantFormat().parse(encode(body), route("search/groups"))
+    with pytest.raises(Unreleasable) as raised:
+        parsed.render({0, 1})
+    assert raised.value.code == GROUP_ID_NOT_RELEASED
+    # Declared releasable, the same value goes out with the field.
+    fmt = QdrantFormat(AdapterOptions(releasable_fields=["secret"]))
+    out = orjson.loads(fmt.parse(encode(body), route("search/groups")).render({1}))
+    assert out["result"]["groups"] == [
+        {
+            "id": "acme-merger",
+            "hits": [{**hits[1], "payload": {"text": "beta", "secret": "acme-merger"}}],
+        }
+    ]
+
+
+def test_a_group_id_the_hits_do_not_carry_is_unreleasable_even_when_declared() -> None:
+    # The database names a group by a value none of its released hits holds.
+    hits = in_group([point(1, "alpha")], "doc-1")
+    body = groups_body([group("another tenant's value", hits)])
+    with pytest.raises(Unreleasable):
+        _parse(body, "search/groups").render({0})
+
+
+@pytest.mark.parametrize(
+    ("group_id", "value"),
+    [(7, "7"), ("7", 7), (1, True), (1, 1.0)],
+)
+def test_a_group_id_matches_a_released_value_of_its_own_type(group_id: Any, value: Any) -> None:
+    body = groups_body([group(group_id, [point(1, "alpha", doc=value)])])
+    with pytest.raises(Unreleasable):
+        _parse(body, "search/groups").render({0})
+
+
+def test_a_group_id_found_deep_in_a_released_field_or_a_list_is_released() -> None:
+    fmt = QdrantFormat(AdapterOptions(releasable_fields=["meta"]))
+    for value in ({"tags": ["x", 7]}, [{"a": 7}]):
+        body = groups_body([group(7, [point(1, "alpha", meta=value)])])
+        out = orjson.loads(fmt.parse(encode(body), route("search/groups")).render({0}))
+        assert out["result"]["groups"][0]["id"] == 7
+
+
+def test_a_group_id_is_released_by_its_released_lookup_point() -> None:
+    # with_lookup finds the point whose id is the group id: when it goes out, so may the id.
+    body = groups_body([group(42, [point(1, "alpha", secret=42)], lookup=point(42, "doc 42"))])
+    parsed = QdrantFormat().parse(encode(body), route("search/groups"))
+    out = orjson.loads(parsed.render({0, 1}))
+    assert out["result"]["groups"][0]["id"] == 42
+    with pytest.raises(Unreleasable):
+        parsed.render({0})  # the lookup rejected
+
+
 def test_render_can_be_called_again_with_another_keep_set() -> None:
     body = _build("query/groups", POINTS)
     parsed = _parse(body, "query/groups")
@@ -403,9 +544,9 @@ def _groups_with_lookups() -> Body:
     lookup_b = point("doc-b", "document B")
     return groups_body(
         [
-            group("a", POINTS[0:2], lookup=lookup_a),  # positions 0, 1; lookup 2
-            group("b", POINTS[2:3], lookup=lookup_b),  # position 3; lookup 4
-            group("c", POINTS[3:5]),  # positions 5, 6
+            group("a", in_group(POINTS[0:2], "a"), lookup=lookup_a),  # positions 0, 1; lookup 2
+            group("b", in_group(POINTS[2:3], "b"), lookup=lookup_b),  # position 3; lookup 4
+            group("c", in_group(POINTS[3:5], "c")),  # positions 5, 6
         ]
     )
 
@@ -428,23 +569,27 @@ def test_rejected_lookup_is_left_out_of_its_group() -> None:
     body = _groups_with_lookups()
     filtered = _filtered(body, "search/groups", {0, 3, 4, 5})
     groups = filtered["result"]["groups"]
-    assert groups[0] == {"hits": [_released(POINTS[0])], "id": "a"}
+    hits = [group["hits"] for group in body["result"]["groups"]]
+    assert groups[0] == {"hits": [_released(hits[0][0])], "id": "a"}
     lookup_b = _released(body["result"]["groups"][1]["lookup"])
-    assert groups[1] == {"hits": [_released(POINTS[2])], "id": "b", "lookup": lookup_b}
-    assert groups[2] == {"hits": [_released(POINTS[3])], "id": "c"}
+    assert groups[1] == {"hits": [_released(hits[1][0])], "id": "b", "lookup": lookup_b}
+    assert groups[2] == {"hits": [_released(hits[2][0])], "id": "c"}
 
 
 def test_group_without_kept_hits_is_removed_even_with_a_kept_lookup() -> None:
-    filtered = _filtered(_groups_with_lookups(), "query/groups", {2, 4, 5})
-    assert filtered["result"]["groups"] == [{"hits": [_released(POINTS[3])], "id": "c"}]
+    body = _groups_with_lookups()
+    filtered = _filtered(body, "query/groups", {2, 4, 5})
+    (hit, _) = body["result"]["groups"][2]["hits"]
+    assert filtered["result"]["groups"] == [{"hits": [_released(hit)], "id": "c"}]
 
 
 def test_null_lookup_is_not_a_candidate() -> None:
-    body = groups_body([{"hits": [POINTS[0]], "id": 5, "lookup": None}])
+    (hit,) = in_group(POINTS[0:1], 5)
+    body = groups_body([{"hits": [hit], "id": 5, "lookup": None}])
     parsed = _parse(body, "search/groups")
     assert len(parsed.candidates) == 1
     # Qdrant leaves out a lookup that does not exist; the gate never sends a null.
-    released = groups_body([{"hits": [_released(POINTS[0])], "id": 5}])
+    released = groups_body([{"hits": [_released(hit)], "id": 5}])
     assert orjson.loads(parsed.render({0})) == released
 
 
@@ -519,7 +664,7 @@ def test_render_limit_counts_groups_that_keep_hits() -> None:
     (first,) = filtered["result"]["groups"]
     assert first == {
         "id": "a",
-        "hits": [_released(hit) for hit in POINTS[0:2]],
+        "hits": [_released(hit) for hit in body["result"]["groups"][0]["hits"]],
         "lookup": _released(body["result"]["groups"][0]["lookup"]),
     }
 
@@ -711,6 +856,7 @@ def test_property_render_trims_to_limits(
 def test_property_groups_with_lookups(
     groups: list[tuple[list[Point], Point | None]], data: st.DataObject
 ) -> None:
+    groups = [(in_group(hits, i), lookup) for i, (hits, lookup) in enumerate(groups)]
     body = groups_body([group(i, hits, lookup) for i, (hits, lookup) in enumerate(groups)])
     parsed = _parse(body, "recommend/groups")
     keep = data.draw(st.sets(st.integers(min_value=0, max_value=len(parsed.candidates))))

@@ -23,11 +23,11 @@ from qdrant_client.conversions.conversion import GrpcToRest, json_to_value, valu
 
 from sidecar.core.hits import Replacement, Route, RouteKind
 from sidecar.formats import grpc_messages
-from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody
+from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, Unreleasable
 from sidecar.formats.grpc_frames import frame
 from sidecar.formats.options import AdapterOptions
 from sidecar.formats.qdrant.grpc import QdrantGrpcFormat, fill_value, point_id, python_value
-from sidecar.formats.qdrant.rest import QdrantFormat, next_offset_after
+from sidecar.formats.qdrant.rest import GROUP_ID_NOT_RELEASED, QdrantFormat, next_offset_after
 from tests.fixtures.format_strategies import PROPERTIES, adapter
 from tests.fixtures.qdrant_grpc_upstream import (
     framed,
@@ -52,7 +52,9 @@ payload_values = st.recursive(
     max_leaves=10,
 )
 
-FORMAT = QdrantGrpcFormat()
+# Groups here are grouped by "doc", declared releasable: a group's id goes out only
+# as a value the caller gets anyway.
+FORMAT = QdrantGrpcFormat(AdapterOptions(releasable_fields=["doc"]))
 UUID_A = "5c56c793-69f3-4fbf-87e6-c4bf54c28c26"
 
 
@@ -471,13 +473,13 @@ def _groups_reply(cls: Any) -> Any:
             groups=[
                 q.PointGroup(
                     id=q.GroupId(string_value="g1"),
-                    hits=[scored(1, "a"), scored(2, "b")],
+                    hits=[scored(1, "a", doc="g1"), scored(2, "b", doc="g1")],
                     lookup=retrieved(10, "lookup 10"),
                 ),
-                q.PointGroup(id=q.GroupId(unsigned_value=5), hits=[scored(3, "c")]),
+                q.PointGroup(id=q.GroupId(unsigned_value=5), hits=[scored(3, "c", doc=5)]),
                 q.PointGroup(
                     id=q.GroupId(integer_value=-1),
-                    hits=[scored(4, "d")],
+                    hits=[scored(4, "d", doc=-1)],
                     lookup=retrieved(11, "lookup 11"),
                 ),
             ]
@@ -503,6 +505,39 @@ def test_group_replies(method: str) -> None:
     out = unframed(cls, parsed.render({2, 4, 5}, limits=[1]))
     assert [_ids(g.hits) for g in out.result.groups] == [[4]]
     assert _ids([out.result.groups[0].lookup]) == [11]
+
+
+@pytest.mark.parametrize(
+    ("group_id", "value"),
+    [
+        (q.GroupId(string_value="acme-merger"), None),  # group_by a field not released
+        (q.GroupId(string_value="another tenant's value"), "doc-1"),  # none of its hits'
+        (q.GroupId(unsigned_value=7), "7"),  # a value of another type
+    ],
+)
+def test_a_group_id_that_is_no_released_value_is_unreleasable(group_id: Any, value: Any) -> None:
+    fields = {"secret": "acme-merger"} if value is None else {"doc": value}
+    reply = q.QueryGroupsResponse(
+        result=q.GroupsResult(groups=[q.PointGroup(id=group_id, hits=[scored(1, "a", **fields)])])
+    )
+    parsed = FORMAT.parse(framed(reply), route("QueryGroups"))
+    with pytest.raises(Unreleasable) as raised:
+        parsed.render({0})
+    assert raised.value.code == GROUP_ID_NOT_RELEASED
+
+
+def test_a_group_id_is_released_by_its_released_lookup_point() -> None:
+    group = q.PointGroup(
+        id=q.GroupId(unsigned_value=42),
+        hits=[scored(1, "a", secret=42)],
+        lookup=retrieved(42, "doc 42"),
+    )
+    reply = q.QueryGroupsResponse(result=q.GroupsResult(groups=[group]))
+    parsed = QdrantGrpcFormat().parse(framed(reply), route("QueryGroups"))
+    out = unframed(q.QueryGroupsResponse, parsed.render({0, 1}))
+    assert out.result.groups[0].id == q.GroupId(unsigned_value=42)
+    with pytest.raises(Unreleasable):
+        parsed.render({0})
 
 
 def _scroll(ids: Sequence[int | str], following: int | str | None) -> bytes:
@@ -624,9 +659,9 @@ def _replies(draw: st.DrawFn) -> tuple[str, Any, list[list[Any]]]:
     method = draw(st.sampled_from(sorted(FILTERED)))
     ids = iter(draw(st.lists(_point_ids, min_size=30, max_size=30, unique=True)))
 
-    def points(kind: str, most: int = 4) -> list[Any]:
+    def points(kind: str, most: int = 4, **fields: Any) -> list[Any]:
         count = draw(st.integers(0, most))
-        return [_point(kind, next(ids), draw(st.text(max_size=6))) for _ in range(count)]
+        return [_point(kind, next(ids), draw(st.text(max_size=6)), **fields) for _ in range(count)]
 
     parts: list[list[Any]]
     if method in POINTS or method == "Scroll":
@@ -638,7 +673,7 @@ def _replies(draw: st.DrawFn) -> tuple[str, Any, list[list[Any]]]:
     else:
         groups, parts = [], []
         for index in range(draw(st.integers(0, 3))):
-            hits = points(method, 3)
+            hits = points(method, 3, doc=index)
             lookup = retrieved(next(ids), "l") if draw(st.booleans()) else None
             group = q.PointGroup(id=q.GroupId(unsigned_value=index), hits=hits, lookup=lookup)
             groups.append(group)

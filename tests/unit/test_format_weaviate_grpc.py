@@ -791,24 +791,49 @@ def test_a_substitute_id_that_is_no_uuid_cannot_be_released() -> None:
 # -- the iteration cursor --------------------------------------------------------------
 
 
-def test_the_cursor_moves_back_to_the_last_released_object() -> None:
-    # The client's SearchReply is older than the field: a later server's reply.
-    reply = grpc_messages.decode("weaviate.v1.SearchReply", PLAIN.SerializeToString())
-    reply.iterator_next_uuid = uid(99).bytes
-    data = framed(reply)
-    parsed = WeaviateGrpcFormat().parse(data, SEARCH)
-    assert parsed.render(range(4)) == data
+def _with_cursor(reply: Any, cursor: bytes) -> bytes:
+    """``reply`` framed with ``iterator_next_uuid`` (the client's SearchReply is older
+    than the field: a later server's reply)."""
+    message = grpc_messages.decode("weaviate.v1.SearchReply", reply.SerializeToString())
+    message.iterator_next_uuid = cursor
+    return grpc_frames.frame(message.SerializeToString())
 
-    def cursor(keep: set[int]) -> bytes:
-        message = grpc_messages.decode(
-            "weaviate.v1.SearchReply", grpc_frames.messages(parsed.render(keep))[0]
-        )
-        assert message.HasField("iterator_next_uuid")
-        return bytes(message.iterator_next_uuid)
 
-    assert cursor({0, 1, 2}) == uid(2).bytes
-    assert cursor({1, 3}) == uid(3).bytes
-    assert cursor(set()) == b""
+def _cursor(body: bytes) -> bytes:
+    message = grpc_messages.decode("weaviate.v1.SearchReply", grpc_frames.messages(body)[0])
+    assert message.HasField("iterator_next_uuid")
+    return bytes(message.iterator_next_uuid)
+
+
+def test_the_cursor_is_the_last_released_object_whatever_the_scan_reached() -> None:
+    # The scan stopped at object 99, which the filter skipped (another tenant's).
+    parsed = WeaviateGrpcFormat().parse(_with_cursor(PLAIN, uid(99).bytes), SEARCH)
+    assert _cursor(parsed.render(range(4))) == uid(3).bytes  # nothing rejected, still rebuilt
+    assert _cursor(parsed.render({0, 1, 2})) == uid(2).bytes
+    assert _cursor(parsed.render({1, 3})) == uid(3).bytes
+    # Nothing released: the nil UUID, which ends the iteration.
+    assert _cursor(parsed.render(set())) == bytes(16)
+
+
+def test_a_reply_whose_cursor_is_its_last_result_goes_out_as_it_came() -> None:
+    same = _with_cursor(PLAIN, uid(3).bytes)
+    assert WeaviateGrpcFormat().parse(same, SEARCH).render(range(4)) == same
+    # The nil UUID (the scan did not stop early) becomes the last result's UUID.
+    parsed = WeaviateGrpcFormat().parse(_with_cursor(PLAIN, bytes(16)), SEARCH)
+    assert _cursor(parsed.render(range(4))) == uid(3).bytes
+
+
+def test_a_substitute_keeps_its_originals_place_in_the_iteration() -> None:
+    parsed = WeaviateGrpcFormat().parse(_with_cursor(PLAIN, uid(99).bytes), SEARCH)
+    body = parsed.render({0, 3}, None, {3: Replacement(str(uid(7)), "new")})
+    assert reply_of(body).results[-1].metadata.id_as_bytes == uid(7).bytes
+    assert _cursor(body) == uid(3).bytes
+
+
+def test_a_reply_without_a_cursor_gets_none() -> None:
+    body = WeaviateGrpcFormat().parse(framed(PLAIN), SEARCH).render({0})
+    message = grpc_messages.decode("weaviate.v1.SearchReply", grpc_frames.messages(body)[0])
+    assert not message.HasField("iterator_next_uuid")
 
 
 # -- malformed replies -----------------------------------------------------------------

@@ -24,6 +24,7 @@ from sidecar.core.hits import Route
 from sidecar.formats.base import MalformedRequest, RequestRewrite, UnfilterableRequest
 from sidecar.formats.grpc_frames import frame, messages
 from sidecar.formats.milvus.grpc import MilvusGrpcFormat
+from sidecar.formats.milvus.grpc_request import IteratorEcho
 from sidecar.formats.milvus.rest_request import string_literal
 from tests.fixtures import milvus_grpc_bodies as mb
 from tests.fixtures.format_strategies import PROPERTIES
@@ -437,3 +438,24 @@ def test_a_rich_request_reaches_milvus_whole() -> None:
     out = rewritten(request)
     request.dsl = out.dsl
     assert out == request
+
+
+# -- what a search iterator's answer repeats -----------------------------------------
+
+
+def test_a_search_iterators_token_and_bound_are_read_for_its_answer() -> None:
+    later = search(search_iter_v2=True, search_iter_id="tok", search_iter_last_bound=0.25)
+    assert rewrite(later).echo == IteratorEcho("tok", 0.25)
+    # Without push-down or over-fetch the body goes unchanged, the echo with it.
+    assert rewrite(later, tenant_key=None).echo == IteratorEcho("tok", 0.25)
+    assert rewrite(search(search_iter_v2=True)).echo == IteratorEcho(None, None)
+
+
+@pytest.mark.parametrize("request_", [search(), query(), hybrid('kind == "a"')])
+def test_other_requests_echo_nothing(request_: Any) -> None:
+    kind = {
+        milvus_pb2.SearchRequest: "search",
+        milvus_pb2.QueryRequest: "query",
+        milvus_pb2.HybridSearchRequest: "hybrid",
+    }[type(request_)]
+    assert rewrite(request_, kind).echo is None

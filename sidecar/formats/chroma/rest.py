@@ -20,7 +20,12 @@ A body is rebuilt from the keys its route's response has (``_SHAPES``):
 every other key, known elsewhere or not, is dropped. Of each metadata object
 only the marker, ``id_field`` and the declared ``hashed_fields`` and
 ``releasable_fields`` go out; the hashed ones go into the candidate for the
-integrity check.
+integrity check. What the answer repeats of the request comes from the
+request (its ``ChromaEcho``), never from the database: a query's or get's
+``include`` is the request's; a search's ``select`` keeps, of each search's
+keys, those that search selected. Without the request (never, for an answer
+the gate filters: these routes' bodies are always read) ``include`` must
+name Chroma's columns and ``select`` keeps only Chroma's own ``#`` keys.
 
 Shapes follow the server's OpenAPI document (``QueryResponse``,
 ``GetResponse``, ``SearchResponse``; chromadb 1.5, served at ``/openapi.json``)
@@ -38,7 +43,7 @@ from typing import Any, Final, Literal
 from sidecar.core.hits import Replacement, Route, RouteKind
 from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ResponseAdapter
 from sidecar.formats.body import HitBody, Selection
-from sidecar.formats.chroma.rest_request import ChromaRequests, collection_endpoint
+from sidecar.formats.chroma.rest_request import ChromaEcho, ChromaRequests, collection_endpoint
 from sidecar.formats.hits import (
     Field,
     Found,
@@ -159,6 +164,12 @@ _SHAPES: Final[Mapping[str, _Shape]] = {
 }
 # A row's own keys: every column any route has.
 _ROW_KEYS: Final = frozenset({"ids"}.union(*(shape.columns for shape in _SHAPES.values())))
+# What ``include`` may name (the server's Include; "data" is the Python server's).
+_INCLUDE_NAMES: Final = frozenset(
+    {"distances", "documents", "embeddings", "metadatas", "uris", "data"}
+)
+# The keys a search selects that are Chroma's own, not metadata field names.
+_OWN_SELECT_KEYS: Final = frozenset({"#id", "#document", "#embedding", "#metadata", "#score"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +230,26 @@ def _check_descriptive(value: Any, shape: _Shape) -> None:
         raise MalformedBody(f"'{shape.descriptive}' is not a list of names")
 
 
+def _descriptive(value: Any, shape: _Shape, asked: ChromaEcho) -> Any:
+    """``include`` or ``select`` (checked by ``_check_descriptive``) as it goes out,
+    from what the request ``asked``."""
+    if value is None:
+        return None
+    if shape.descriptive == "include":
+        if asked.include is not None:
+            return list(asked.include)
+        if not set(value) <= _INCLUDE_NAMES:
+            raise MalformedBody("'include' names what Chroma does not include")
+        return value
+    selects = asked.selects
+    if selects is not None and len(selects) != len(value):
+        raise MalformedBody("'select' does not have one entry per search")
+    return [
+        [key for key in keys if key in (_OWN_SELECT_KEYS if chosen is None else chosen)]
+        for keys, chosen in zip(value, selects or [None] * len(value), strict=True)
+    ]
+
+
 def _aligned(
     column: str, value: Any, batches: list[list[Any]], nested: bool
 ) -> list[list[Any] | None]:
@@ -246,6 +277,8 @@ class _ChromaBody(HitBody):
     document: dict[str, Any]
     shape: _Shape
     columns: _Columns
+    # ``include`` or ``select`` as it goes out: what the request asked.
+    descriptive: Any
     places: Sequence[tuple[int, int]]  # position -> (batch, index in batch)
     metadata: HitLayout  # what goes out of a metadata object
     # What a substitute's metadata keeps: the marker and the id field. Declared
@@ -270,8 +303,10 @@ class _ChromaBody(HitBody):
         for key, value in self.document.items():
             if key == "ids" or key in columns.arrays:
                 out[key] = self._column(key, sent)
-            elif key in shape.columns or key == shape.descriptive:
-                out[key] = value  # a null column, or what the request included
+            elif key in shape.columns:
+                out[key] = value  # a null column
+            elif key == shape.descriptive:
+                out[key] = self.descriptive
         return out
 
     def _substituted(self, hit: Any, replacement: Replacement) -> Any:
@@ -366,7 +401,12 @@ class ChromaFormat(ResponseAdapter[_Shape], ChromaRequests):
         return None if endpoint is None else _SHAPES[endpoint]
 
     def _read(self, document: dict[str, Any], shape: _Shape) -> _ChromaBody:
+        return self._read_echoed(document, shape, None)
+
+    def _read_echoed(self, document: dict[str, Any], shape: _Shape, echo: object) -> _ChromaBody:
         columns = _columns(document, shape)
+        asked = echo if isinstance(echo, ChromaEcho) else ChromaEcho()
+        descriptive = _descriptive(document.get(shape.descriptive), shape, asked)
         places = tuple(
             (batch, index)
             for batch, batch_ids in enumerate(columns.ids)
@@ -388,6 +428,7 @@ class ChromaFormat(ResponseAdapter[_Shape], ChromaRequests):
             document,
             shape,
             columns,
+            descriptive,
             places,
             self._metadata,
             frozenset({SUBSTITUTED_FOR, *([self.id_field] if self.id_field else [])}),

@@ -28,6 +28,14 @@ so that each result list is trimmed back to it:
 
 Bodies the gate cannot restrict are refused: a filter that is not a JSON
 object, a batch of searches that is not a list of objects.
+
+An answer repeats what its request asked: query and get answers carry the
+request's ``include`` (measured against ``chroma run``, chromadb 1.5: as
+sent, duplicates and order kept; without one, get's default
+``["documents", "metadatas"]`` and query's ``["documents", "metadatas",
+"distances"]``), search answers each search's selected keys. They are read
+here as the request's ``ChromaEcho``, so that the answer's come from the
+request (``rest``).
 """
 
 from __future__ import annotations
@@ -61,6 +69,36 @@ _SEARCH: Final = _Endpoint("search", "filter", "limit")
 _PAGE: Final = _Endpoint("search page", "filter", "limit")
 
 _ENDPOINTS: Final[Mapping[str, _Endpoint]] = {e.name: e for e in (_QUERY, _GET, _SEARCH)}
+# What the server includes when the request names nothing (measured).
+_DEFAULT_INCLUDE: Final[Mapping[str, tuple[str, ...]]] = {
+    "query": ("documents", "metadatas", "distances"),
+    "get": ("documents", "metadatas"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ChromaEcho:
+    """What a query or get request included, or each search of a search request
+    selected; None where the request says it in no form the server takes (it
+    then refuses the request)."""
+
+    include: tuple[str, ...] | None = None
+    selects: tuple[tuple[str, ...] | None, ...] | None = None
+
+
+def _names(value: Any) -> tuple[str, ...] | None:
+    """A JSON list of strings as a tuple; None for anything else."""
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    return None
+
+
+def _selected(search: Any) -> tuple[str, ...] | None:
+    """The keys one search selects (none without ``select``)."""
+    if not isinstance(search, dict) or search.get("select") is None:
+        return ()
+    select = search["select"]
+    return _names(select.get("keys", [])) if isinstance(select, dict) else None
 
 
 def collection_endpoint(route: Route) -> str | None:
@@ -109,6 +147,19 @@ class ChromaRequests(SearchRewriter[_Endpoint]):
 
     def _overfetches(self, endpoint: _Endpoint) -> bool:
         return True
+
+    def _echoes(self, endpoint: _Endpoint) -> bool:
+        return True
+
+    def _echo(self, document: dict[str, Any], endpoint: _Endpoint) -> ChromaEcho:
+        if endpoint is _SEARCH:
+            searches = document.get("searches")
+            if not isinstance(searches, list):
+                return ChromaEcho()
+            return ChromaEcho(selects=tuple(_selected(search) for search in searches))
+        if "include" not in document:
+            return ChromaEcho(include=_DEFAULT_INCLUDE[endpoint.name])
+        return ChromaEcho(include=_names(document["include"]))
 
     def _limit(self, request: dict[str, Any], endpoint: _Endpoint) -> tuple[str, Any] | None:
         if request.get("offset") not in (None, 0):

@@ -26,8 +26,10 @@ flags and cursors describe only what is released:
   ``reported_error``, for the audit record.
   ``_clusters`` keeps its counts, not its ``details``.
 - ``took``, ``timed_out``, ``num_reduce_phases`` and a multi-search item's
-  ``status`` stay, as do ``_scroll_id`` and ``pit_id``: the next page is a
-  search of its own, confined to the tenant and filtered like this one.
+  ``status`` stay, as does ``pit_id``: the next page is a search of its own,
+  confined to the caller's tenant and filtered like this one. ``_scroll_id``
+  goes: a scroll continues the search that opened it, confined to whoever
+  opened it, for whoever holds the id (the request side refuses scrolls).
 - A multi-search body keeps ``took`` and ``responses``; an error item
   becomes ``{"error": {"type": "retrieval_gate_upstream_error", "reason":
   ...}, "status": N}`` with the upstream's status and none of its text.
@@ -40,7 +42,11 @@ A hit keeps Elasticsearch's own keys (``_index``, ``_id``, ``_score``,
 ``matched_queries``, ``_nested``, ``_shard``, ``_node``, ``_ignored``,
 ``_rank``, ``_type``) and of its ``_source`` the text, the id, and the
 ``hashed_fields`` and ``releasable_fields``. Its ``highlight`` keeps only
-the text field's fragments (of the text checked), its ``fields`` only
+entries of released ``_source`` fields, and of each only the fragments that,
+without Elasticsearch's highlight tags (``<em>``, ``</em>`` and the styled
+schema's ``<em class="hltN">``), are part of that field's released value: a
+fragment quoting another document, or a field that does not go out, goes,
+and so does one written with other tags or HTML-encoded. Its ``fields`` only
 entries of released ``_source`` paths (and their sub-fields) that are not
 shaped like a lookup runtime field (which copies another index's fields);
 ``_explanation`` goes (its statistics count every tenant's documents), and
@@ -64,6 +70,7 @@ compatibility mode) are not recognised.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
@@ -104,7 +111,6 @@ _SCALARS: Final[dict[str, Callable[[Any], bool]]] = {
     "timed_out": _is_bool,
     "num_reduce_phases": _is_int,
     "status": _is_int,  # on multi-search items
-    "_scroll_id": _is_str,
     "pit_id": _is_str,
 }
 _SHARD_COUNTS: Final = ("total", "successful", "skipped", "failed")
@@ -335,10 +341,11 @@ class _ElasticsearchBody(HitBody):
         out = dict(hit)
         if drop_inner:
             del out["inner_hits"]
-        highlight = out.pop("highlight", None)
-        fragments = highlight.get(options.text_field) if isinstance(highlight, dict) else None
-        if isinstance(fragments, list) and all(isinstance(f, str) for f in fragments):
-            out["highlight"] = {options.text_field: fragments}
+        highlight = _released_highlight(
+            out.pop("highlight", None), out.get("_source"), options.released_paths
+        )
+        if highlight:
+            out["highlight"] = highlight
         fields = out.pop("fields", None)
         if isinstance(fields, dict):
             released = {
@@ -358,6 +365,51 @@ class _ElasticsearchBody(HitBody):
         out.pop("highlight", None)
         out.pop("fields", None)
         return out
+
+
+# The tags Elasticsearch and OpenSearch put around highlighted terms by default
+# and with ``tags_schema: styled``.
+_HIGHLIGHT_TAG: Final = re.compile(r'<em>|</em>|<em class="hlt(?:10|[1-9])">')
+
+
+def _released_highlight(highlight: Any, source: Any, paths: Sequence[str]) -> dict[str, list[str]]:
+    """Of a hit's ``highlight``, the fragments of released fields that quote their
+    released value (in the released ``_source``), by field."""
+    if not isinstance(highlight, dict) or not isinstance(source, dict):
+        return {}
+    out: dict[str, list[str]] = {}
+    for name, fragments in highlight.items():
+        if name not in paths or not isinstance(fragments, list):
+            continue
+        values = _texts(_source_value(source, name))
+        kept = [
+            fragment
+            for fragment in fragments
+            if isinstance(fragment, str)
+            and any(_HIGHLIGHT_TAG.sub("", fragment) in value for value in values)
+        ]
+        if kept:
+            out[name] = kept
+    return out
+
+
+def _source_value(source: dict[str, Any], name: str) -> Any:
+    """The value of the field ``name`` (dotted: into objects) in ``source``; None if absent."""
+    if name in source:
+        return source[name]
+    value: Any = source
+    for key in name.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def _texts(value: Any) -> list[str]:
+    """The strings a field's value holds: itself, or those of its array."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [item for item in value if isinstance(item, str)]
+    return []
 
 
 def _under(name: str, paths: Sequence[str]) -> bool:

@@ -13,9 +13,12 @@ refused, is ``rest_query``'s docstring. Per endpoint:
   naming none). ``_knn_search`` takes the term in its top-level ``filter``.
 - Search templates (``_search/template``, ``_msearch/template``) and search
   applications are refused: the query is rendered server-side.
-- Scroll continuations (``/_search/scroll``) carry no query: the search
-  that opened the scroll was confined. Nor do searches of a point in time
-  (``pit`` in a ``_search`` body), which are confined as any search; the
+- Scrolls are refused (``query_string_problem``): a continuation
+  (``/_search/scroll``) carries no query, and continues the search that
+  opened the scroll, confined to whoever opened it, for whoever holds its
+  id; so the ``scroll`` parameter that opens one is refused too. A point in
+  time with ``search_after`` pages instead: searches of a point in time
+  (``pit`` in a ``_search`` body) are confined as any search; the
   ``index_filter`` of a point in time's opening (``/{index}/_pit``) is
   refused, whatever ``push_down`` says (``request_collections``).
 
@@ -293,11 +296,10 @@ _SAFE_PARAMETERS: Final = frozenset(
         "ignore_throttled", "ignore_unavailable", "include_named_queries_score", "lenient",
         "max_concurrent_searches", "max_concurrent_shard_requests", "phase_took",
         "pre_filter_shard_size", "preference", "pretty", "profile", "project_routing",
-        "request_cache", "rest_total_hits_as_int", "routing", "scroll", "scroll_id",
-        "search_pipeline", "search_type", "seq_no_primary_term", "size", "sort", "stats",
-        "stored_fields", "terminate_after", "timeout", "track_scores", "track_total_hits",
-        "typed_keys", "verbose_pipeline", "version", "wait_for_checkpoints",
-        "min_compatible_shard_node",
+        "request_cache", "rest_total_hits_as_int", "routing", "search_pipeline", "search_type",
+        "seq_no_primary_term", "size", "sort", "stats", "stored_fields", "terminate_after",
+        "timeout", "track_scores", "track_total_hits", "typed_keys", "verbose_pipeline",
+        "version", "wait_for_checkpoints", "min_compatible_shard_node",
     }
 )  # fmt: skip
 # Parameters that carry what the push-down would have to rewrite.
@@ -309,7 +311,17 @@ _BYPASSING: Final[Mapping[str, str]] = {
     "suggest_text": "asks for suggestions from every tenant's terms",
     "suggest_mode": "asks for suggestions from every tenant's terms",
     "suggest_size": "asks for suggestions from every tenant's terms",
+    "scroll": "opens a scroll, which whoever holds its id could continue",
+    "scroll_id": "continues a scroll, which carries no query",
 }
+
+
+def _continues_a_scroll(route: Route) -> bool:
+    """True for ``/_search/scroll`` and ``/_search/scroll/{id}``."""
+    found = routes.endpoint(route.path)
+    return found is not None and found[0] == "_search" and found[1][:1] == ["scroll"]
+
+
 # Parameters that set the page Elasticsearch returns, past the body.
 _PAGING: Final = ("scroll", "size", "from")
 
@@ -325,11 +337,14 @@ def query_string_problem(route: Route, query_string: str) -> str | None:
     Only search routes (those the format filters) are checked. ``q``
     replaces the body's query (the tenant filter with it), ``source`` sends a
     whole body past the rewrite, the ``suggest_*`` parameters ask for a term
-    suggester; a parameter not known to be safe is refused too. The answer
-    names the parameter, never its value.
+    suggester, ``scroll`` opens a scroll; a parameter not known to be safe is
+    refused too. A scroll continuation is refused whatever its parameters.
+    The answer names the parameter, never its value.
     """
     if routes.shape(route) is None:
         return None
+    if _continues_a_scroll(route):
+        return "a scroll continuation carries no query: scrolls are refused"
     for name in _parameter_names(query_string):
         if name in _BYPASSING:
             return f"URL parameter {name!r} {_BYPASSING[name]}"

@@ -23,9 +23,15 @@ highlights go out for fields released whole. Everything else is dropped: other
 columns, ``recalls`` and ``all_search_count`` (they describe the unfiltered
 search), the status' ``extra_info`` (its cost and scanned bytes too), and any
 field the gate's proto does not declare. ``output_fields`` lists what went
-out. An iterator's ``last_bound`` becomes the score of the last row that goes
-out when rows were removed and some went out (the next page starts there,
-re-reading rejected rows rather than revealing their scores). A reply with search aggregation
+out. A search iterator's page (``search_iterator_v2_results``) keeps its
+``token`` as the request named it (the server's new one on a first page), and
+its ``last_bound``, where the next page starts, is rebuilt from what goes out,
+as Milvus computes it from what it returns: the score of the last row that
+goes out, so the next page re-reads (and the gate refuses again) rejected rows
+past it rather than learning their scores; when no row goes out, the bound
+the page started from (the request's), or none on a first page, and the
+empty page ends the iteration (pymilvus stops at an empty page), possibly
+before the caller's last row. A reply with search aggregation
 buckets (``agg_buckets``) is refused: the buckets summarise every hit. So is
 one whose columns, ids, scores and per-row lists do not hold one value per
 row, or with two columns of one field (a client could read either).
@@ -71,6 +77,7 @@ from sidecar.formats.milvus.grpc_request import (
     QUERY,
     SEARCH,
     SERVICE,
+    IteratorEcho,
     MilvusGrpcRequests,
 )
 from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
@@ -105,10 +112,16 @@ class MilvusGrpcFormat(GrpcAdapter, MilvusGrpcRequests):
         )
 
     def _read(self, document: tuple[bytes, Any], shape: str) -> ColumnarReply:
+        return self._read_echoed(document, shape, None)
+
+    def _read_echoed(self, document: tuple[bytes, Any], shape: str, echo: object) -> ColumnarReply:
         body, reply = document
         hits = Hits(self._layout)
-        read = read_query if shape == QUERY else read_search
-        rebuild = read(reply, hits, self._options)
+        if shape == QUERY:
+            rebuild = read_query(reply, hits, self._options)
+        else:
+            iteration = echo if isinstance(echo, IteratorEcho) else None
+            rebuild = read_search(reply, hits, self._options, iteration)
         unknown = grpc_messages.has_unknown_fields(reply)
         status = reply.status
         reported = None

@@ -34,6 +34,7 @@ from sidecar.formats.body import Selection
 from sidecar.formats.hits import Hits, usable_id
 from sidecar.formats.milvus.grpc_columns import Column
 from sidecar.formats.milvus.grpc_fields import ResultFields
+from sidecar.formats.milvus.grpc_request import IteratorEcho
 from sidecar.formats.milvus.rest import ERROR_MESSAGE
 from sidecar.formats.options import AdapterOptions
 
@@ -115,8 +116,14 @@ def _error(reply: Any, reply_name: str) -> Callable[[Selection], Any]:
     return rebuild
 
 
-def read_search(reply: Any, hits: Hits, options: AdapterOptions) -> Callable[[Selection], Any]:
-    """``SearchResults``: check the rows, register them in ``hits``, return the rebuild."""
+def read_search(
+    reply: Any, hits: Hits, options: AdapterOptions, iteration: IteratorEcho | None = None
+) -> Callable[[Selection], Any]:
+    """``SearchResults``: check the rows, register them in ``hits``, return the rebuild.
+
+    ``iteration`` is what a search iterator's request said of its iteration
+    (None: not known), from which the page's iterator fields are rebuilt.
+    """
     results = reply.results
     id_kind = results.ids.WhichOneof("id_field")
     ids = list(getattr(results.ids, id_kind).data) if id_kind else []
@@ -188,12 +195,7 @@ def read_search(reply: Any, hits: Hits, options: AdapterOptions) -> Callable[[Se
             for index, row in enumerate(kept):
                 sent.datas.append(empty_highlight() if index in replaced else highlight.datas[row])
         if results.HasField("search_iterator_v2_results"):
-            iterator = results.search_iterator_v2_results
-            bound = iterator.last_bound
-            if kept and len(kept) < rows:
-                bound = results.scores[kept[-1]]
-            out.search_iterator_v2_results.token = iterator.token
-            out.search_iterator_v2_results.last_bound = bound
+            _continue_iteration(out, results, kept, iteration)
         sent_reply = _message(SEARCH_RESULTS)(
             status=_ok_status(reply.status),
             collection_name=reply.collection_name,
@@ -204,6 +206,27 @@ def read_search(reply: Any, hits: Hits, options: AdapterOptions) -> Callable[[Se
         return sent_reply
 
     return rebuild
+
+
+def _continue_iteration(
+    out: Any, results: Any, kept: Sequence[int], iteration: IteratorEcho | None
+) -> None:
+    """A search iterator's page fields, from the rows that go out and the request.
+
+    As Milvus computes them from the rows it returns (its ``getLastBound``;
+    iterators search one vector): the bound is the last row's score; with no
+    row, the bound the request started from (none on a first page). Never the
+    score of a row the caller does not get.
+    """
+    upstream = results.search_iterator_v2_results
+    sent = out.search_iterator_v2_results
+    sent.SetInParent()
+    token = None if iteration is None else iteration.token
+    sent.token = upstream.token if token is None else token
+    if kept:
+        sent.last_bound = results.scores[kept[-1]]
+    elif iteration is not None and iteration.last_bound is not None:
+        sent.last_bound = iteration.last_bound
 
 
 def _key(kind: str, chunk_id: str) -> Any:

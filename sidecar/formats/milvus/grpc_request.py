@@ -42,6 +42,13 @@ fields (``count(*)``), a key given twice (Milvus reads the first) or a
 number not written plainly in decimal (Milvus also reads ``0x10`` and
 ``010``).
 
+A search iterator's page (``search_iter_v2``) repeats two values of its
+request in its answer: the iterator's ``token`` (``search_iter_id``, once the
+first page named it) and, when no row comes back, the bound the page started
+from (``search_iter_last_bound``). Both are read here as the request's
+``RequestRewrite.echo`` (``IteratorEcho``), so that the answer's are rebuilt
+from the request (``grpc_replies``).
+
 The collection a request names (``collection_name``, qualified
 ``db.collection`` when ``db_name`` names another database than
 ``default``; a hybrid search's sub-searches name theirs too) goes to the
@@ -129,6 +136,35 @@ METHODS: Final = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class IteratorEcho:
+    """What a search iterator's request says of the iteration: its ``token``
+    (``search_iter_id``) and the bound its page starts from
+    (``search_iter_last_bound``); None where it does not say (the first page)."""
+
+    token: str | None
+    last_bound: float | None
+
+
+def iterator_echo(request: Any) -> IteratorEcho | None:
+    """The iteration a ``SearchRequest`` continues; None when it is no search iterator's.
+
+    Milvus reads the first of a key given twice, and a bound as a float32.
+    """
+    values: dict[str, str] = {}
+    for pair in request.search_params:
+        values.setdefault(pair.key, pair.value)
+    if "search_iter_v2" not in values:
+        return None
+    bound = None
+    if "search_iter_last_bound" in values:
+        try:
+            bound = float(values["search_iter_last_bound"])
+        except ValueError:
+            bound = None  # Milvus refuses the request; the answer is an error
+    return IteratorEcho(values.get("search_iter_id") or None, bound)
+
+
 def method(route: Route) -> str | None:
     """The ``MilvusService`` method ``route`` calls (``"Search"``), or None."""
     return grpc_adapter.grpc_method(route, SERVICE)
@@ -178,6 +214,7 @@ class MilvusGrpcRequests(RequestCapabilities):
             tenant_field(tenant_key)
         request = grpc_adapter.decode_request(body, spec.message)
         collections = _named(request, called)
+        echo = iterator_echo(request) if called == SEARCH else None
         unknown = grpc_messages.has_unknown_fields(request)
         if tenant_key is not None:
             if unknown:
@@ -195,13 +232,14 @@ class MilvusGrpcRequests(RequestCapabilities):
                 min(overfetch_cap, MILVUS_MAX_K),
             )
         if tenant_key is None and asked is None:
-            return unchanged_request(body, collections)
+            return unchanged_request(body, collections, echo)
         return RequestRewrite(
             grpc_adapter.encode_unary(request),
             () if asked is None else (asked,),
             tenant_filter=tenant_key is not None,
             overfetched=asked is not None,
             collections=collections,
+            echo=echo,
         )
 
     def request_collections(self, body: bytes, route: Route) -> tuple[str, ...]:

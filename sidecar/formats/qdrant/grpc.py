@@ -29,7 +29,9 @@ Replies are rebuilt from an allowlist, like the REST adapter's bodies:
   only the text, the id field and the declared fields;
 - per reply: the hits (per sub-result of a batch; groups with their id, hits
   and lookup, a group without kept hits removed) and ``time``. ``usage``
-  goes: it measures work over every tenant's points.
+  goes: it measures work over every tenant's points. A group's id goes out
+  only when the caller gets it anyway, as over REST (``check_group_id``):
+  otherwise the reply is unreleasable.
 - scroll's ``next_page_offset`` is the id right after the last released
   point, or absent when nothing was released (see ``qdrant``).
 
@@ -59,7 +61,7 @@ from sidecar.formats.qdrant.grpc_request import (
     SNAPSHOTS,
     QdrantGrpcRequests,
 )
-from sidecar.formats.qdrant.rest import QdrantFormat, next_offset_after
+from sidecar.formats.qdrant.rest import QdrantFormat, check_group_id, next_offset_after
 
 Message = Any  # a message class built at run time from the gate's descriptors
 
@@ -295,11 +297,16 @@ class _QdrantGrpcBody(GrpcReply):
                 self._send(out.hits.add(), position, selection)
             # Qdrant leaves the lookup out when the looked-up point does not
             # exist: a rejected one looks exactly like a missing one.
+            looked_up = None
             if lookup is not None and lookup in selection:
-                self._send(out.lookup, lookup, selection)
+                looked_up = self._send(out.lookup, lookup, selection).get("id")
+            # A substitute takes the place of the hit it replaces, in the group too.
+            payloads = [self._layout.released(self.views[p]).get("payload") for p in kept]
+            check_group_id(_group_id(group), payloads, looked_up)
 
-    def _send(self, target: Message, position: int, selection: Selection) -> None:
-        """Write the point at ``position`` into the empty ``target``, as it goes out."""
+    def _send(self, target: Message, position: int, selection: Selection) -> dict[str, Any]:
+        """Write the point at ``position`` into the empty ``target``, as it goes out;
+        returns it as the JSON point it stands for."""
         original = self.points[position]
         view = selection.send(position, self.views[position])
         target.SetInParent()  # a group's lookup is there even if it had nothing to copy
@@ -317,6 +324,16 @@ class _QdrantGrpcBody(GrpcReply):
         for name in _POINT_MESSAGES:
             if original.HasField(name):
                 getattr(target, name).CopyFrom(grpc_messages.released(getattr(original, name)))
+        released: dict[str, Any] = view
+        return released
+
+
+def _group_id(group: Message) -> int | str | None:
+    """A ``PointGroup``'s id as the JSON value it stands for (None when it has none)."""
+    if not group.HasField("id"):
+        return None
+    kind = group.id.WhichOneof("kind")
+    return None if kind is None else getattr(group.id, kind)
 
 
 class QdrantGrpcFormat(TwinGrpcAdapter, QdrantGrpcRequests):

@@ -15,8 +15,18 @@ are unsigned integers or UUID strings), and its payload gets the marker.
 Bodies are rebuilt from the keys Qdrant's OpenAPI spec gives each response
 (``status`` and ``time`` of the envelope, ``points``, ``groups`` and their
 ``id``/``hits``/``lookup``, a point's own keys); anything else, ``usage``
-included, is dropped. What describes points the gate did not release is
-recomputed:
+included, is dropped. Values are checked too, not only keys: the envelope's
+``status`` of a successful answer is ``"ok"`` (any other value is not the
+route's answer: malformed), and a group's ``id``, which is the value of the
+grouped-by payload field of its hits, goes out only when it is a value the
+caller gets anyway: one of the released payload values of the group's
+released hits, or the id of its released lookup point (``with_lookup``
+looks points up by group id). A group whose id is not (the ``group_by``
+field is not declared in ``releasable_fields`` or ``hashed_fields``) makes
+the answer unreleasable (``group_id_not_released``), rather than telling the
+caller a value of a field it may not read (a substitute counts with the
+payload of the hit whose place it takes). What describes points the gate
+did not release is recomputed:
 
 - scroll's ``next_page_offset`` is the id right after the last released
   point (Qdrant orders points by id: integers, then UUIDs as 128-bit
@@ -28,7 +38,10 @@ recomputed:
   answered with Qdrant's own 404 for a missing point (``AbsentAnswer``).
 - collection info (``GET /collections/{c}``) goes out without
   ``points_count``, ``indexed_vectors_count`` and the per-field point counts
-  of ``payload_schema`` (set to 0): they count every tenant's points.
+  of ``payload_schema`` (set to 0): they count every tenant's points. Its
+  ``status`` must be one of Qdrant's colours and ``segments_count`` a count;
+  an ``optimizer_status`` error (``{"error": text}``) keeps its shape with the
+  gate's text, as errors do everywhere.
 
 Search requests are rewritten by ``rest_request``.
 """
@@ -37,14 +50,14 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
 
 from sidecar.core.hits import Route, RouteKind
-from sidecar.formats.base import AbsentAnswer, MalformedBody, ResponseAdapter
+from sidecar.formats.base import AbsentAnswer, MalformedBody, ResponseAdapter, Unreleasable
 from sidecar.formats.body import HitBody, Selection
 from sidecar.formats.hits import Field, HitLayout, Hits, as_given
 from sidecar.formats.options import DEFAULT_OPTIONS, AdapterOptions
@@ -175,7 +188,10 @@ def _groups(value: Any, hits: Hits) -> _Renderer:
 def _group(value: Any, hits: Hits) -> Callable[[Selection], dict[str, Any] | None]:
     if not isinstance(value, dict):
         raise MalformedBody("a group is not a JSON object")
+    start = len(hits.candidates)
     render_hits = _point_list(value.get("hits"), hits)
+    items: list[Any] = value["hits"]
+    released = hits.layout.released
     # Qdrant writes hits before lookup, so the lookup record numbers after them.
     lookup = value.get("lookup")
     lookup_position = None if lookup is None else hits.add(lookup)
@@ -193,9 +209,59 @@ def _group(value: Any, hits: Hits) -> Callable[[Selection], dict[str, Any] | Non
         # is optional in the OpenAPI spec and in qdrant-client's model).
         if lookup_position is not None and lookup_position in selection:
             group["lookup"] = selection.send(lookup_position, lookup)
+        # A substitute takes the place of the hit it replaces, in the group too.
+        originals = (
+            released(items[p - start]) for p in selection.kept(range(start, start + len(items)))
+        )
+        payloads = [hit.get("payload") for hit in originals if isinstance(hit, dict)]
+        sent_lookup = group.get("lookup")
+        looked_up = sent_lookup.get("id") if isinstance(sent_lookup, dict) else None
+        check_group_id(group["id"], payloads, looked_up)
         return group
 
     return render
+
+
+# The refusal of an answer with a group whose id the caller may not read.
+GROUP_ID_NOT_RELEASED: Final = "group_id_not_released"
+
+
+def check_group_id(group_id: Any, payloads: Sequence[Any], lookup_id: Any = None) -> None:
+    """Raise Unreleasable unless ``group_id`` is a value the caller gets anyway.
+
+    That is a value (at any depth) of one of the released ``payloads`` of the
+    group's hits (as released, a substitute's are those of the hit whose
+    place it takes), or the id of its released lookup point. Compared with
+    its type: the integer 7 is not the string "7".
+    """
+    if _is_id_value(group_id) and (
+        (type(lookup_id) is type(group_id) and lookup_id == group_id)
+        or any(_holds(payload, group_id) for payload in payloads)
+    ):
+        return
+    raise Unreleasable(
+        GROUP_ID_NOT_RELEASED,
+        "a group's id is a value of a field that is not released: declare the "
+        "group_by field in releasable_fields or hashed_fields",
+    )
+
+
+def _is_id_value(value: Any) -> bool:
+    return type(value) in (int, str)
+
+
+def _holds(value: Any, wanted: int | str) -> bool:
+    """True when ``wanted`` is ``value`` or a scalar inside it; a stack, not recursion."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if type(item) is type(wanted) and item == wanted:
+            return True
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 def _single_point(point_id: str) -> _Shape:
@@ -233,6 +299,10 @@ def _not_found(point_id: str) -> bytes:
 
 # Collection info keys that describe the collection, not how many points it has.
 _COLLECTION_KEYS: Final = ("status", "optimizer_status", "segments_count", "config")
+# CollectionStatus of the OpenAPI spec.
+_COLLECTION_STATUSES: Final = frozenset({"green", "yellow", "grey", "red"})
+# What an optimizer error says instead of Qdrant's text (which can name files and values).
+OPTIMIZER_ERROR: Final = "the optimizer reported an error; its text is not released"
 
 
 def _collection_info(value: Any, hits: Hits) -> _Result:
@@ -242,9 +312,17 @@ def _collection_info(value: Any, hits: Hits) -> _Result:
     schema = value.get("payload_schema", {})
     if not isinstance(schema, dict):
         raise MalformedBody("payload_schema is not an object")
+    if "status" in value and value["status"] not in _COLLECTION_STATUSES:
+        raise MalformedBody("the collection's status is none of Qdrant's")
+    segments = value.get("segments_count", 0)
+    if type(segments) is not int or segments < 0:
+        raise MalformedBody("segments_count is not a count")
+    optimizer = _optimizer_status(value.get("optimizer_status", "ok"))
 
     def render(selection: Selection) -> dict[str, Any]:
         info = {key: value[key] for key in _COLLECTION_KEYS if key in value}
+        if "optimizer_status" in info:
+            info["optimizer_status"] = optimizer
         # Each field's index info says how many points carry the field; the
         # spec requires the number, so it is 0 rather than absent.
         info["payload_schema"] = {
@@ -254,6 +332,15 @@ def _collection_info(value: Any, hits: Hits) -> _Result:
         return info
 
     return _Result(1, render)
+
+
+def _optimizer_status(value: Any) -> Any:
+    """``OptimizersStatus``: ``"ok"``, or ``{"error": text}`` with the gate's text."""
+    if value == "ok":
+        return value
+    if isinstance(value, dict) and value.keys() == {"error"} and isinstance(value["error"], str):
+        return {"error": OPTIMIZER_ERROR}
+    raise MalformedBody("optimizer_status is neither 'ok' nor an error")
 
 
 _POST_SHAPES: Final[Mapping[str, _Shape]] = {
@@ -412,6 +499,13 @@ class QdrantFormat(ResponseAdapter[_Shape], QdrantRequests):
     def _read(self, document: dict[str, Any], shape: _Shape) -> _QdrantBody:
         if "result" not in document:
             raise MalformedBody("no 'result' in body")
+        if document.get("status", "ok") != "ok":
+            # ApiStatus: a successful answer says "ok"; anything else is no
+            # answer of this route (an error's text can quote documents).
+            raise MalformedBody("the envelope's status is not 'ok'")
+        elapsed = document.get("time", 0.0)
+        if type(elapsed) not in (int, float):
+            raise MalformedBody("the envelope's time is not a number")
         hits = Hits(self._layout)
         result = shape(document["result"], hits)
         return _QdrantBody(hits, document, result, sub_results=result.sub_results)

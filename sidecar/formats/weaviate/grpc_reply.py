@@ -26,10 +26,16 @@ unknown fields of a newer server included:
   "strip" removes it and "block" refuses the reply (``Unreleasable``). A
   replaced object's own answer (``generative``, ``metadata.generative``) was
   generated from the replaced text and is treated the same way.
-- ``iterator_next_uuid`` (a cursor to the last object a filtered iteration
-  scanned) becomes, when anything was removed, the id of the last released
-  result, or empty (the end) when none was: it would otherwise name an
-  object the gate never checked.
+- ``iterator_next_uuid`` is where a filtered iteration continues (servers
+  with filtered cursors: the object at which the scan stopped, which can be
+  another tenant's object the filter skipped or one the gate rejects; the
+  nil UUID when the scan did not stop early). It is always rebuilt from the
+  released results: the UUID of the last result that goes out, so the next
+  page starts right after it and re-reads (and refuses again) whatever was
+  scanned past it, skipping and repeating nothing; the nil UUID, the end of
+  the iteration, when no result goes out (any other cursor would name an
+  object the caller may not see). An iteration can so end before the
+  caller's last object, when a whole page of the scan released nothing.
 - ``took`` stays.
 
 A reply the gate knew all of and from which nothing was removed, replaced
@@ -64,6 +70,9 @@ from sidecar.formats.weaviate.rest_body import refuse_generated
 
 # What a group's name becomes when it is not a released property value.
 WITHHELD_GROUP_NAME: Final = "retrieval-gate-group-{}"
+# The iteration cursor that ends an iteration: the nil UUID, as Weaviate sends it
+# when its scan did not stop early (and refuses as a cursor to continue from).
+NO_CURSOR: Final = bytes(16)
 
 # The fields of a released object's metadata (MetadataResult). Not
 # explain_score(_present); generative(_present) is checked on its own.
@@ -198,12 +207,8 @@ class _Walk:
                 else:
                     _copy_field(out, source, name)
         if source.HasField("iterator_next_uuid"):
-            # Changed: the cursor goes back to the last object released (re-read
-            # rejected ones are rejected again), or ends the iteration.
-            cursor = source.iterator_next_uuid
-            if changed:
-                cursor = b"" if last is None else _uuid_bytes(last)
-            out.iterator_next_uuid = cursor
+            # From released data only: never the object the database's scan stopped at.
+            out.iterator_next_uuid = NO_CURSOR if last is None else _uuid_bytes(last)
         return out
 
     def _result(self, obj: CheckedObject) -> Any:
@@ -328,9 +333,10 @@ def _copy_field(out: Any, source: Any, name: str) -> None:
 
 
 def _uuid_bytes(obj: CheckedObject) -> bytes:
-    """The 16 bytes of an object's own UUID; empty when it has none that is usable."""
+    """The 16 bytes of an object's own UUID (a substitute's place is its original's);
+    the nil UUID, the end, when it has none that is usable."""
     chunk_id, _ = object_uuid(obj.metadata)
-    return b"" if chunk_id is None else uuid.UUID(chunk_id).bytes
+    return NO_CURSOR if chunk_id is None else uuid.UUID(chunk_id).bytes
 
 
 def _substitute_uuid(chunk_id: str) -> uuid.UUID:
