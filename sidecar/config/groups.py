@@ -451,7 +451,7 @@ class TelemetrySettings(Group, group="telemetry"):
         (),
         check=check_metric_collections,
         help="collections counted under their own name in the metrics' collection label "
-        "(any other: other), comma-separated",
+        "(any other: other; Chroma's by name or id), comma-separated",
     )
 
 

@@ -27,7 +27,7 @@ from sidecar.identity import AuthRequest
 from sidecar.identity.headers import TrustedHeaders
 from sidecar.metrics import GateMetrics
 from sidecar.request.admission import RequestAdmission
-from sidecar.request.plans import Filter, PassThrough, Plan, ReadCollections, Refused
+from sidecar.request.plans import Filter, PassThrough, Plan, ReadCollections, ReadNames, Refused
 from sidecar.request.request_path import IDENTITY_NAMESPACE, RequestPath
 
 FORMATS = build_format_table({}, {}, text_field="text", id_field=None)
@@ -104,6 +104,74 @@ def test_a_search_route_is_filtered_with_its_body_read() -> None:
     )
     assert planned.reads_body
     assert set(planned.strip_headers) == {"x-gate-tenant", "x-gate-principals"}
+
+
+CHROMA_DB = "/api/v2/tenants/default_tenant/databases/default_database"
+CHROMA_ID = "45af66b2-2ca0-476a-b6a3-926b26ba75d1"
+
+
+def test_an_answer_that_names_collections_is_read_and_a_rename_forgets_the_name() -> None:
+    path, _ = request_path()
+    by_name = f"{CHROMA_DB}/collections/docs"
+    assert plan(path, by_name, method="GET") == ReadNames(
+        ("x-gate-principals", "x-gate-tenant"), Route("GET", by_name)
+    )
+    assert isinstance(plan(path, by_name, method="HEAD"), PassThrough)  # no body to read
+    described = {
+        "id": CHROMA_ID,
+        "name": "docs",
+        "tenant": "default_tenant",
+        "database": "default_database",
+    }
+    read = plan(path, by_name, method="GET")
+    assert isinstance(read, ReadNames)
+    asyncio.run(path.learn_names(read, orjson.dumps(described)))
+    query = Route("POST", f"{CHROMA_DB}/collections/{CHROMA_ID}/query")
+    assert FORMATS.id_names(query) == {CHROMA_ID: "docs"}
+    # A PUT of the collection may rename it: the name no longer holds.
+    assert isinstance(plan(path, f"{CHROMA_DB}/collections/{CHROMA_ID}", method="PUT"), PassThrough)
+    assert FORMATS.id_names(query) == {CHROMA_ID: None}
+
+
+def test_a_long_list_of_collections_is_read_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path, _ = request_path()
+    listed = f"{CHROMA_DB}/collections"
+    read = plan(path, listed, method="GET")
+    assert isinstance(read, ReadNames)
+    ids = [f"{n:08x}-0000-4000-8000-000000000000" for n in range(40)]
+    body = orjson.dumps(
+        [
+            {
+                "id": id_,
+                "name": f"c-{n}",
+                "metadata": {"about": "x" * 1000},
+                "tenant": "default_tenant",
+                "database": "default_database",
+            }
+            for n, id_ in enumerate(ids)
+        ]
+    )
+    assert len(body) > 32 * 1024
+    loop_thread: list[threading.Thread] = []
+
+    async def learn() -> None:
+        loop_thread.append(threading.current_thread())
+        await path.learn_names(read, body)
+
+    reading: list[threading.Thread] = []
+    learn_in = FORMATS.learn_names
+
+    def recorded(route: Route, answer: bytes) -> None:
+        reading.append(threading.current_thread())
+        learn_in(route, answer)
+
+    monkeypatch.setattr(FORMATS, "learn_names", recorded)
+    asyncio.run(learn())
+    assert reading and reading[0] is not loop_thread[0]
+    last = Route("POST", f"{CHROMA_DB}/collections/{ids[-1]}/query")
+    assert FORMATS.id_names(last) == {ids[-1]: "c-39"}
 
 
 def test_a_route_no_format_reads_passes_and_is_counted_unread() -> None:
