@@ -477,7 +477,7 @@ class FilterSettings(Group, group="filter"):
         "(routes without it: push_down = false)",
     )
     overfetch_factor: float = setting(
-        1.0, minimum=1, help="ask the database for this many times k (1: off)"
+        2.0, minimum=1, help="ask the database for this many times k (1: off)"
     )
     overfetch_cap: int = setting(
         1000, minimum=1, help="the most hits an over-fetched search asks for"

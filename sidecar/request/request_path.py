@@ -199,11 +199,16 @@ class RequestPath:
         """Push the caller's tenant down and over-fetch; raises MalformedRequest.
 
         URL parameters that make the database page differently from the body
-        (``overfetch_problem``) turn over-fetch off.
+        (``overfetch_problem``) turn over-fetch off, and so does any mode but
+        ``enforce``: ``strict`` refuses a response with any rejected hit, so
+        hits past the app's k could only block an answer whose k hits all
+        pass; ``audit`` passes the database's answer unchanged, which a
+        longer one trimmed back would not be.
         """
         fmt, route, policy = plan.fmt, plan.route, plan.policy
         factor = policy.overfetch_factor
-        if fmt.overfetch_problem(route, plan.query_string) is not None:
+        enforcing = policy.mode is Mode.ENFORCE
+        if not enforcing or fmt.overfetch_problem(route, plan.query_string) is not None:
             factor = 1.0
         return fmt.rewrite_request(
             body,

@@ -252,6 +252,29 @@ def test_the_tenant_is_pushed_down_into_the_search_body() -> None:
 
 
 @pytest.mark.parametrize(
+    ("mode", "sent_limit", "limits"),
+    [
+        (Mode.ENFORCE, 6, (3,)),
+        # Strict refuses a response with any rejected hit: hits past k could only block it.
+        (Mode.STRICT, 3, ()),
+        # Audit passes the database's answer as it came.
+        (Mode.AUDIT, 3, ()),
+    ],
+)
+def test_over_fetch_is_for_enforce_mode_only(
+    mode: Mode, sent_limit: int, limits: tuple[int, ...]
+) -> None:
+    route_policy = RoutePolicy(mode, "tenant", 2.0, substitute_superseded=False)
+    path, _ = request_path(route_policy=route_policy)
+    planned = plan(path, SEARCH)
+    assert isinstance(planned, Filter)
+    rewrite = asyncio.run(path.read_body(planned, b'{"vector": [0.1], "limit": 3}'))
+    assert isinstance(rewrite, RequestRewrite)
+    assert orjson.loads(rewrite.body)["limit"] == sent_limit
+    assert (rewrite.limits, rewrite.overfetched) == (limits, bool(limits))
+
+
+@pytest.mark.parametrize(
     ("body", "code"),
     [
         (b"{not json", "request_body_malformed"),
