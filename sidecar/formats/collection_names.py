@@ -9,8 +9,9 @@ said: the key is the format and the id within its database's namespace
 answers teach it, so a client cannot make an id stand for another name.
 
 Bounded: the least recently used ids are forgotten past ``maxsize``; a
-forgotten id is an unknown one, which the request policy treats as any
-described collection (fail closed) until the collection is read by name again.
+forgotten id is an unknown one, which the shipped request policy treats as
+any collection described by name (fail closed) until the collection is read
+by name again.
 Each process (each worker) learns on its own. Learning may run in a worker
 thread (a large list of collections is parsed off the event loop), so every
 access holds a lock.
