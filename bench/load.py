@@ -50,10 +50,10 @@ end
 """
 
 
-def write_script(path: Path) -> Path:
-    """The wrk Lua script that sends the search as the caller and prints, at the end, the
-    latency at each of PERCENTILES (lines ``PCT <percentile> <µs>``)."""
-    lines = ['wrk.method = "POST"', f"wrk.body = '{SEARCH_BODY}'"]
+def write_script(path: Path, body: str = SEARCH_BODY) -> Path:
+    """The wrk Lua script that sends the search ``body`` as the caller and prints, at the
+    end, the latency at each of PERCENTILES (lines ``PCT <percentile> <µs>``)."""
+    lines = ['wrk.method = "POST"', f"wrk.body = '{body}'"]
     lines += [f'wrk.headers["{k}"] = "{v}"' for k, v in CALLER_HEADERS.items()]
     lines.append(_DONE % ", ".join(f"{p:g}" for p in PERCENTILES))
     path.write_text("\n".join(lines))

@@ -234,11 +234,19 @@ def _endpoints(bootstrap: Mapping[str, Any], cluster_name: str) -> int:
 
 
 def _toml(config: Mapping[str, Any]) -> str:
-    # Settings without tables: strings, numbers and booleans are valid TOML as JSON.
+    # Strings, numbers, booleans and lists of them are valid TOML as JSON; a table
+    # (routes, formats) is written inline.
     return "".join(
-        f"[{group}]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in keys.items())
+        f"[{group}]\n"
+        + "".join(f"{json.dumps(key)} = {_value(value)}\n" for key, value in keys.items())
         for group, keys in grouped(config).items()
     )
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_value(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)
 
 
 def load_store(store: str, records: Sequence[Mapping[str, Any]], workdir: Path) -> None:

@@ -38,12 +38,37 @@ collections := data.retrieval_gate.collections
 # pattern passes only if every described collection it matches is the
 # caller's. The request passes when every entry passes; a route that names
 # none (an empty array) has nothing to own.
+#
+# A Chroma path names a collection by its id, and the gate adds the name it
+# learned for that id from Chroma's own answers. input.unnamed_collections
+# holds the ids whose name it does not know (another worker read it, the gate
+# restarted, or no one asked): such a collection may be any collection
+# described by name, so it passes only if every collection described by a name
+# is the caller's. Keys written as a collection id (a lowercase, hyphenated
+# UUID) describe ids, checked as input.collections names them.
 passed contains "COLLECTION_FORBIDDEN" if {
 	is_array(input.collections)
 	every name in input.collections {
 		collection_allowed(name)
 	}
+	unnamed := object.get(input, "unnamed_collections", [])
+	is_array(unnamed)
+	every id in unnamed {
+		unnamed_allowed(id)
+	}
 }
+
+unnamed_allowed(id) if {
+	is_string(id)
+	is_object(collections)
+	every described, _ in collections {
+		name_spares(described)
+	}
+}
+
+name_spares(described) if regex.match(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`, described)
+
+name_spares(described) if owned(described)
 
 collection_allowed(name) if {
 	is_string(name)

@@ -244,3 +244,57 @@ test_wildcard_matches_across_dots if {
 test_every_index_matches_dotted_names if {
 	denials_with({"collections": ["*"]}, {"logs.2026": {"tenants": ["globex"]}}) == ["COLLECTION_FORBIDDEN"]
 }
+
+# A collection named only by an id whose name the gate has not learned (Chroma)
+
+chroma_id := "0b8e5c1e-93a4-4b7a-9d3e-2f6c1a7b8c9d"
+
+unnamed_search := {
+	"path": concat("", ["/api/v2/tenants/t/databases/d/collections/", chroma_id, "/query"]),
+	"collections": [chroma_id],
+	"unnamed_collections": [chroma_id],
+}
+
+test_unnamed_id_may_be_any_collection_described_by_name if {
+	denials_with(unnamed_search, owned) == ["COLLECTION_FORBIDDEN"]
+}
+
+test_unnamed_id_passes_when_every_name_described_is_the_callers if {
+	denials_with(unnamed_search, {"sops": {"tenants": ["acme"]}}) == []
+}
+
+test_unnamed_id_without_data_is_allowed if denials_with(unnamed_search, {}) == []
+
+test_unnamed_id_is_not_a_collection_described_by_id if {
+	other_id := "11111111-2222-4333-8444-555555555555"
+	denials_with(unnamed_search, {other_id: {"tenants": ["globex"]}}) == []
+}
+
+test_unnamed_id_described_by_id_is_checked_by_id if {
+	denials_with(unnamed_search, {chroma_id: {"tenants": ["globex"]}}) == ["COLLECTION_FORBIDDEN"]
+}
+
+# An upper-case key is no id as the gate spells one: it may be a name.
+test_unnamed_id_and_a_key_that_is_no_canonical_id if {
+	key := "0B8E5C1E-93A4-4B7A-9D3E-2F6C1A7B8C9E"
+	denials_with(unnamed_search, {key: {"tenants": ["globex"]}}) == ["COLLECTION_FORBIDDEN"]
+}
+
+# Learned, the name goes to input.collections beside the id.
+test_a_learned_name_is_checked if {
+	named := object.union(unnamed_search, {"collections": [chroma_id, "finance"], "unnamed_collections": []})
+	denials_with(named, owned) == ["COLLECTION_FORBIDDEN"]
+	denials_with(object.union(named, {"caller": {"tenant": "globex"}}), {"finance": {"tenants": ["globex"]}}) == []
+}
+
+test_unnamed_collections_not_an_array if {
+	denials_with({"unnamed_collections": chroma_id}, owned) == ["COLLECTION_FORBIDDEN"]
+}
+
+test_unnamed_collection_not_a_string if {
+	denials_with({"unnamed_collections": [7]}, {}) == ["COLLECTION_FORBIDDEN"]
+}
+
+test_unnamed_id_with_malformed_data if {
+	denials_with(unnamed_search, ["sops"]) == ["COLLECTION_FORBIDDEN"]
+}

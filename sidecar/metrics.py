@@ -28,7 +28,8 @@ ADMITTED_REASON = "NONE"
 UPSTREAM_ERROR_OUTCOME = "upstream_error"
 
 # The ``collection`` label: a collection on the ``metric_collections``
-# allowlist by its name; ``other`` for any other collection, several
+# allowlist by its name (a Chroma collection by the name the gate learned for
+# its id, or by its id); ``other`` for any other collection, several
 # collections or a pattern; ``none`` when the route names no collection (or
 # the response is on no search route). Collection names are the client's, so
 # only the allowlist keeps the label's values a closed set.
@@ -336,12 +337,23 @@ class GateMetrics:
         label = str(status) if str(status) in REFUSAL_STATUSES else "other"
         self.request_refusals.labels(label).inc()
 
-    def collection_label(self, names: Sequence[str]) -> str:
-        """The ``collection`` label of a route naming ``names`` (see NO_COLLECTION)."""
+    def collection_label(
+        self, names: Sequence[str], aliases: Mapping[str, str] | None = None
+    ) -> str:
+        """The ``collection`` label of a route naming ``names`` (see NO_COLLECTION).
+
+        ``aliases`` gives the name learned for a collection a route names by id
+        (Chroma): it counts under that name when the name is on the allowlist,
+        else under its id when the id is.
+        """
         if not names:
             return NO_COLLECTION
-        if len(names) == 1 and names[0] in self._collections:
-            return names[0]
+        if len(names) == 1:
+            alias = (aliases or {}).get(names[0])
+            if alias is not None and alias in self._collections:
+                return alias
+            if names[0] in self._collections:
+                return names[0]
         return OTHER_COLLECTION
 
     def count_chunks(

@@ -515,7 +515,7 @@ class TelemetrySettings(Group, group="telemetry"):
         (),
         check=check_metric_collections,
         help="collections counted under their own name in the metrics' collection label "
-        "(any other: other), comma-separated",
+        "(any other: other; Chroma's by name or id), comma-separated",
     )
 
 
@@ -541,7 +541,7 @@ class FilterSettings(Group, group="filter"):
         "(routes without it: push_down = false)",
     )
     overfetch_factor: float = setting(
-        1.0, minimum=1, help="ask the database for this many times k (1: off)"
+        2.0, minimum=1, help="ask the database for this many times k (1: off)"
     )
     overfetch_cap: int = setting(
         1000, minimum=1, help="the most hits an over-fetched search asks for"

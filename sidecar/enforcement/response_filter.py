@@ -744,10 +744,13 @@ class ResponseFilter:
         """The metrics' collection label for ``route`` and the collections its body named.
 
         The path's collections come from the format table, which remembers them
-        per route. A body naming others (a Milvus ``collectionName``) adds them,
-        as the request policy saw them.
+        per route, with the names learned for those it names by id. A body
+        naming others (a Milvus ``collectionName``) adds them, as the request
+        policy saw them.
         """
         names = self._formats.collections(route)
         if rewrite is not None and rewrite.collections:
             names = (*names, *(n for n in rewrite.collections if n not in names))
-        return self._collection_label(names)
+        learned = self._formats.id_names(route)
+        aliases = {id_: name for id_, name in learned.items() if name is not None}
+        return self._collection_label(names, aliases)

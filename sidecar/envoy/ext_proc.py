@@ -4,7 +4,8 @@ One gRPC stream per HTTP request. At the request headers the request path
 (:class:`~sidecar.request.request_path.RequestPath`) plans the exchange, and
 the plan's type picks the stream's processor: a refusal ends the stream, a
 route whose answers the gate does not read ends it too, a gRPC call that
-names its collections in its body gets a processor for that body alone, and a
+names its collections in its body gets a processor for that body alone, an
+answer that names collections one that reads it as it passes, and a
 filtered route gets one that hands the request body to the request path and
 the response to :class:`~sidecar.enforcement.response_filter.ResponseFilter`.
 This module only translates: Envoy's messages in, Envoy's answers out.
@@ -26,10 +27,15 @@ from sidecar.envoy.messages import (
     refusal_answer,
     request_headers_answer,
 )
-from sidecar.envoy.processing_modes import FILTER_MODES, HEADERS_ONLY, REQUEST_BODY_ONLY
-from sidecar.envoy.processors import CollectionsReader, FilteringProcessor, Processor
+from sidecar.envoy.processing_modes import (
+    FILTER_MODES,
+    HEADERS_ONLY,
+    READ_RESPONSE_BODY,
+    REQUEST_BODY_ONLY,
+)
+from sidecar.envoy.processors import CollectionsReader, FilteringProcessor, NameReader, Processor
 from sidecar.identity import AuthRequest
-from sidecar.request.plans import PassThrough, ReadCollections, Refused
+from sidecar.request.plans import PassThrough, ReadCollections, ReadNames, Refused
 from sidecar.request.request_path import RequestPath
 from sidecar.wire import ext_proc_pb2 as ext_proc
 from sidecar.wire import ext_proc_pb2_grpc as ext_proc_grpc
@@ -117,6 +123,10 @@ class ExternalProcessorServicer(ext_proc_grpc.ExternalProcessorServicer):
             encoding = headers.get("grpc-encoding", "")
             reader = CollectionsReader(self._path, plan, encoding, self._max_body_bytes)
             return reader, request_headers_answer(plan.strip_headers, REQUEST_BODY_ONLY)
+        if isinstance(plan, ReadNames):
+            # Asked uncompressed: the answer is read as it comes, never decoded.
+            strip = (*plan.strip_headers, "accept-encoding")
+            return NameReader(self._path, plan), request_headers_answer(strip, READ_RESPONSE_BODY)
         processor = FilteringProcessor(
             self._path,
             self._filter,

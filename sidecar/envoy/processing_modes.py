@@ -38,6 +38,10 @@ SKIP_RESPONSE_BODY = _Mode(response_body_mode=_Mode.NONE)
 HEADERS_ONLY = _whole_mode(_Mode.SKIP, _Mode.NONE)
 # A route the gate does not filter whose request body it reads (``ReadCollections``).
 REQUEST_BODY_ONLY = _whole_mode(_Mode.SKIP, _Mode.NONE, request_body=_Mode.BUFFERED)
+# An answer read for the collection names it gives, never changed: up to Envoy's
+# buffer limit (BUFFERED would fail a larger one; this sends a part of it, which
+# is not read, and lets the rest through).
+READ_RESPONSE_BODY = _whole_mode(_Mode.SEND, _Mode.BUFFERED_PARTIAL, request_body=_Mode.NONE)
 
 # A filtered route, by (gRPC call, request body read). gRPC answers' trailers
 # are read too; a plain HTTP route whose request body is not read keeps the

@@ -2,7 +2,8 @@
 
 :class:`Processor` reads nothing (a route whose answers the gate does not
 read, or Envoy's own reply); :class:`CollectionsReader` reads a gRPC call's
-body for the collections it names; :class:`FilteringProcessor` hands the
+body for the collections it names; :class:`NameReader` reads an answer for
+the names it gives collection ids; :class:`FilteringProcessor` hands the
 request body to the request path and the response to the response path.
 They translate Envoy's messages to those paths' calls and their results to
 Envoy's answers; what to answer is the paths' decision.
@@ -29,7 +30,7 @@ from sidecar.envoy.messages import (
 )
 from sidecar.envoy.processing_modes import SKIP_RESPONSE_BODY
 from sidecar.formats.base import RequestRewrite
-from sidecar.request.plans import Filter, ReadCollections, Refused
+from sidecar.request.plans import Filter, ReadCollections, ReadNames, Refused
 from sidecar.request.request_path import RequestPath
 from sidecar.tracing import trace_context
 from sidecar.wire import ext_proc_pb2 as ext_proc
@@ -87,6 +88,27 @@ def _percent_encoded(message: bytes) -> str:
     """``message`` as a grpc-message value: printable ASCII but ``%`` as it is, the
     rest percent-encoded (gRPC's encoding of the header)."""
     return "".join(chr(b) if 0x20 <= b <= 0x7E and b != 0x25 else f"%{b:02X}" for b in message)
+
+
+class NameReader(Processor):
+    """A route whose successful answer says which names collection ids stand for: the
+    answer is read for them (``RequestPath.learn_names``) and passed unchanged."""
+
+    def __init__(self, path: RequestPath, plan: ReadNames) -> None:
+        self._path, self._plan = path, plan
+
+    async def response_headers(self, message: ext_proc.HttpHeaders) -> _Answer:
+        status = header_dict(message.headers).get(":status", "")
+        # An error, or an answer without a body (HEAD), describes no collection.
+        described = status.startswith("2") and not message.end_of_stream
+        return headers_answer(ext_proc.CommonResponse(), skip_body=not described)
+
+    async def response_body(self, message: ext_proc.HttpBody) -> _Answer:
+        # A part of a body over Envoy's buffer limit is not JSON to read; the rest
+        # of it passes unread.
+        if message.end_of_stream:
+            await self._path.learn_names(self._plan, message.body)
+        return _RESPONSE_BODY_UNCHANGED
 
 
 PlanT = TypeVar("PlanT", ReadCollections, Filter)

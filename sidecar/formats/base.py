@@ -238,6 +238,36 @@ class ResponseFormat(Protocol):
         None to fall back on ``/collections/{name}``."""
         ...
 
+    def id_collections(self, route: Route) -> tuple[CollectionId, ...]:
+        """The collections of ``route_collections`` that the path names by an id which
+        is not their name (Chroma's record routes): the names the gate has learned
+        for them are checked too."""
+        ...
+
+    def names_collections(self, route: Route) -> bool:
+        """True when a successful answer on ``route`` says which name a collection id
+        stands for (a collection's own description)."""
+        ...
+
+    def collection_names(self, route: Route, body: bytes) -> list[tuple[CollectionId, str]]:
+        """The id and name of every collection a successful answer on ``route``
+        describes; [] for an answer it cannot read (it never raises)."""
+        ...
+
+    def renamed_collections(self, route: Route) -> tuple[CollectionId, ...]:
+        """The collections a request on ``route`` may rename: their learned names no
+        longer hold."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CollectionId:
+    """A collection as a path names it by id: the id, within the namespace the database
+    looks it up in (``scope``: Chroma's tenant and database)."""
+
+    scope: tuple[str, ...]
+    id: str
+
 
 @dataclass(frozen=True, slots=True)
 class RequestRewrite:
@@ -305,6 +335,22 @@ class RequestCapabilities:
     def route_collections(self, route: Route) -> list[str] | None:
         """None: the path names its collection as ``/collections/{name}``, if at all."""
         return None
+
+    def id_collections(self, route: Route) -> tuple[CollectionId, ...]:
+        """None: paths name collections by name."""
+        return ()
+
+    def names_collections(self, route: Route) -> bool:
+        """False: no answer is read for collection names."""
+        return False
+
+    def collection_names(self, route: Route, body: bytes) -> list[tuple[CollectionId, str]]:
+        """None: no answer is read for collection names."""
+        return []
+
+    def renamed_collections(self, route: Route) -> tuple[CollectionId, ...]:
+        """None: no name is learned, so none is forgotten."""
+        return ()
 
 
 def unchanged_request(

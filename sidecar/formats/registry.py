@@ -14,8 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from sidecar.core.hits import Route, RouteKind, path_under
-from sidecar.formats.base import ResponseAdapter, ResponseFormat
+from sidecar.formats.base import CollectionId, ResponseAdapter, ResponseFormat
 from sidecar.formats.chroma.rest import ChromaFormat
+from sidecar.formats.collection_names import CollectionNames
 from sidecar.formats.elasticsearch.rest import ElasticsearchFormat
 from sidecar.formats.generic.rest import GenericFormat
 from sidecar.formats.milvus.grpc import MilvusGrpcFormat
@@ -89,7 +90,9 @@ class FormatTable:
     """The formats in detection order, and the route prefixes pinned to one of them.
 
     Routes can have formats of their own: the same adapters, built with other
-    options (the fields a route releases).
+    options (the fields a route releases). The table also keeps the names its
+    formats' answers gave collection ids (``names``), for every adapter of a
+    format alike.
     """
 
     def __init__(
@@ -112,6 +115,8 @@ class FormatTable:
         # the client's choice.
         self._classified: dict[Route, tuple[ResponseFormat, RouteKind] | None] = {}
         self._named: dict[Route, tuple[str, ...]] = {}
+        self._by_id: dict[Route, tuple[str, tuple[CollectionId, ...]]] = {}
+        self.names = CollectionNames()
 
     def classify(self, route: Route) -> tuple[ResponseFormat, RouteKind] | None:
         """The format that knows ``route``, and what the route does; None if none knows it.
@@ -162,6 +167,37 @@ class FormatTable:
                 self._named.clear()
             self._named[route] = named
         return named
+
+    def id_names(self, route: Route) -> dict[str, str | None]:
+        """The ids among ``collections(route)`` that name a collection by id, each with
+        the name learned for it (None: not known to this process)."""
+        by_id = self._by_id.get(route)
+        if by_id is None:
+            found = self.classify(route)
+            by_id = ("", ()) if found is None else (found[0].name, found[0].id_collections(route))
+            if len(self._by_id) >= _ROUTES_KEPT:
+                self._by_id.clear()
+            self._by_id[route] = by_id
+        format_name, collections = by_id
+        return {c.id: self.names.name(format_name, c) for c in collections}
+
+    def names_collections(self, route: Route) -> bool:
+        """True when a successful answer on ``route`` says which names collection ids
+        stand for (``learn_names`` reads it)."""
+        found = self.classify(route)
+        return found is not None and found[0].names_collections(route)
+
+    def learn_names(self, route: Route, body: bytes) -> None:
+        """Remember the names a successful answer on ``route`` gives collection ids."""
+        found = self.classify(route)
+        if found is not None:
+            self.names.learn(found[0].name, found[0].collection_names(route, body))
+
+    def forget_renamed(self, route: Route) -> None:
+        """Forget the names of the collections a request on ``route`` may rename."""
+        found = self.classify(route)
+        if found is not None:
+            self.names.forget(found[0].name, found[0].renamed_collections(route))
 
     def response_format(self, route: Route) -> ResponseFormat | None:
         """The format whose responses on ``route`` must be filtered, or None to pass them."""

@@ -23,6 +23,7 @@ _SAMPLE_REQUEST: dict[str, Any] = {
     "method": "POST",
     "path": "/",
     "collections": [],
+    "unnamed_collections": [],
     "route_kind": None,
 }
 

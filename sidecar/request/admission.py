@@ -4,7 +4,8 @@ Refuses what the gate could not police whoever asks (a path that is not
 canonical, a probe of a route that returns chunks, a header choosing data
 the request policy never sees), establishes the caller with the configured
 identity provider, then asks the request policy (``policies/request.rego``)
-with every collection the path names. Identity failures are 401 (503 for an
+with every collection the path names (a collection named by id under its
+learned name too, or as unnamed). Identity failures are 401 (503 for an
 identity provider that cannot be reached), policy refusals 403; a policy that
 cannot be evaluated refuses too. Every refusal is counted here.
 """
@@ -12,7 +13,7 @@ cannot be evaluated refuses too. Every refusal is counted here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from sidecar import refusals
@@ -102,11 +103,14 @@ class RequestAdmission:
         *,
         route_kind: Callable[[Route], RouteKind | None],
         collections: Callable[[Route], Sequence[str]] = path_collections,
+        id_names: Callable[[Route], Mapping[str, str | None]] = lambda route: {},
         answers: RequestAnswers | None = None,
         count_refusal: Callable[[int], None] = lambda status: None,
     ) -> None:
         """``route_kind`` says what a route does (the format adapters know; None: unknown),
-        ``collections`` which collections (names or patterns) its path names.
+        ``collections`` which collections (names or patterns) its path names, and
+        ``id_names`` the name learned for each of them that is a collection's id
+        (None: unknown).
 
         ``answers`` keeps the request policy's denials while the policy declares
         itself time-pure; None evaluates every request. ``count_refusal``
@@ -115,6 +119,7 @@ class RequestAdmission:
         self._identity = identity
         self._route_kind = route_kind
         self._collections = collections
+        self._id_names = id_names
         self._count_refusal = count_refusal
         self._policy = (
             None
@@ -160,9 +165,14 @@ class RequestAdmission:
         await self._check_policy(caller, route, [*path, *(n for n in named if n not in path)])
 
     async def _check_policy(self, caller: Caller, route: Route, collections: Sequence[str]) -> None:
+        """Ask the request policy; a collection named by id is checked under its learned
+        name too, and one whose name is unknown goes to the policy as unnamed."""
         if self._policy is None:
             return
-        refusal = await self._policy.check(caller, route, collections)
+        names = self._id_names(route)
+        learned = [name for name in names.values() if name is not None and name not in collections]
+        unnamed = [id_ for id_, name in names.items() if name is None]
+        refusal = await self._policy.check(caller, route, [*collections, *learned], unnamed)
         if refusal is not None:
             raise self.refuse(refusal)
 

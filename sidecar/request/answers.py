@@ -7,9 +7,10 @@ from collections import OrderedDict
 
 from sidecar.core.caller import Caller
 
-# (policy version, caller, method, path, collections): everything the request
-# policy's input holds but the route kind, which the route decides.
-AnswerKey = tuple[str, Caller, str, str, tuple[str, ...]]
+# (policy version, caller, method, path, collections, unnamed collections):
+# everything the request policy's input holds but the route kind, which the
+# route decides.
+AnswerKey = tuple[str, Caller, str, str, tuple[str, ...], tuple[str, ...]]
 
 
 class RequestAnswers:

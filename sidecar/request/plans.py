@@ -48,6 +48,17 @@ class ReadCollections:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadNames:
+    """Admitted, on a route whose successful answer says which names collection ids stand
+    for (Chroma's collection routes): the answer is read, never changed, so that
+    the request policy and the metrics can name the collections later requests
+    address by id (``RequestPath.learn_names``)."""
+
+    strip_headers: tuple[str, ...]
+    route: Route
+
+
+@dataclass(frozen=True, slots=True)
 class Filter:
     """Admitted, on a route whose answers ``fmt`` filters under ``policy``.
 
@@ -65,4 +76,4 @@ class Filter:
     reads_body: bool
 
 
-Plan = Refused | PassThrough | ReadCollections | Filter
+Plan = Refused | PassThrough | ReadCollections | ReadNames | Filter

@@ -42,22 +42,35 @@ class RequestPolicyCheck:
         self._answers = answers
 
     async def check(
-        self, caller: Caller, route: Route, collections: Sequence[str]
+        self,
+        caller: Caller,
+        route: Route,
+        collections: Sequence[str],
+        unnamed: Sequence[str] = (),
     ) -> Refusal | None:
         """Ask the policy whether ``caller`` may use ``route`` on ``collections``.
 
-        A remote policy is asked in a worker thread: an OPA round trip must not
-        hold every other stream of the process.
+        ``unnamed`` are the collections among them named by an id whose name is
+        not known (``input.unnamed_collections``). A remote policy is asked in
+        a worker thread: an OPA round trip must not hold every other stream of
+        the process.
         """
+        asked = (caller, route, tuple(collections), tuple(unnamed))
         if self._policy.remote:
-            return await asyncio.to_thread(self._ask, caller, route, tuple(collections))
-        return self._ask(caller, route, tuple(collections))
+            return await asyncio.to_thread(self._ask, *asked)
+        return self._ask(*asked)
 
-    def _ask(self, caller: Caller, route: Route, collections: tuple[str, ...]) -> Refusal | None:
+    def _ask(
+        self,
+        caller: Caller,
+        route: Route,
+        collections: tuple[str, ...],
+        unnamed: tuple[str, ...],
+    ) -> Refusal | None:
         policy, answers = self._policy, self._answers
         key: AnswerKey | None = None
         if answers is not None and policy.time_pure:
-            key = (policy.version, caller, route.method, route.path, collections)
+            key = (policy.version, caller, route.method, route.path, collections, unnamed)
             denials = answers.get(key)
             if denials is not None:
                 return _refusal(denials)
@@ -66,6 +79,7 @@ class RequestPolicyCheck:
             "method": route.method,
             "path": route.path,
             "collections": list(collections),
+            "unnamed_collections": list(unnamed),
             "route_kind": self._route_kind(route),
         }
         try:

@@ -3,7 +3,8 @@
 The twin of :class:`~sidecar.enforcement.response_filter.ResponseFilter`.
 ``plan`` admits the request (or reads the caller an ext_authz filter in front
 established), then decides what the rest of the exchange needs: nothing
-(``PassThrough``), its body's collections (``ReadCollections``) or the
+(``PassThrough``), its body's collections (``ReadCollections``), the names
+its answer gives collection ids (``ReadNames``, ``learn_names``) or the
 response filtered (``Filter``), refusing what the tenant condition could not
 reach. ``read_body`` then pushes the tenant down into a search body, raises
 its limits (over-fetch) and asks the request policy again with the
@@ -12,12 +13,13 @@ collections the body names. Every refusal is counted.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from sidecar import refusals
 from sidecar.core.caller import Caller, IdentityError
 from sidecar.core.hits import Route, RouteKind
-from sidecar.core.modes import RoutePolicies
+from sidecar.core.modes import Mode, RoutePolicies
 from sidecar.core.outcome import Outcome
 from sidecar.formats.base import (
     MalformedRequest,
@@ -30,7 +32,14 @@ from sidecar.identity import AuthRequest
 from sidecar.metrics import NO_COLLECTION, GateMetrics
 from sidecar.refusals import Refusal
 from sidecar.request.admission import Admitted, RequestAdmission, RequestRefused, path_problem
-from sidecar.request.plans import Filter, PassThrough, Plan, ReadCollections, Refused
+from sidecar.request.plans import (
+    Filter,
+    PassThrough,
+    Plan,
+    ReadCollections,
+    ReadNames,
+    Refused,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +48,9 @@ log = logging.getLogger(__name__)
 IDENTITY_NAMESPACE = "envoy.filters.http.ext_authz"
 # The metrics' ``format`` of an exchange no format reads.
 _NO_FORMAT = "none"
+# A body up to this size is read for collection names on the event loop (about
+# 20 collections; orjson reads it in tens of microseconds).
+_READ_NAMES_IN_THREAD = 32 * 1024
 
 
 class RequestPath:
@@ -84,6 +96,9 @@ class RequestPath:
             reader = self._collections_reader(route) if has_body else None
             if reader is not None:
                 return ReadCollections(strip, route, caller, reader, grpc)
+            self._formats.forget_renamed(route)
+            if not grpc and self._formats.names_collections(route):
+                return ReadNames(strip, route)
             return PassThrough(strip)
         policy = self._policies.for_path(route.path)
         pushes_down = policy.tenant_key is not None
@@ -124,6 +139,15 @@ class RequestPath:
         except RequestRefused as exc:
             return Refused(exc.refusal)
         return rewrite
+
+    async def learn_names(self, plan: ReadNames, body: bytes) -> None:
+        """Remember which names a successful answer on ``plan``'s route gives collection
+        ids. A large answer (a long list of collections) is read in a worker thread:
+        it must not stall every other stream."""
+        if len(body) > _READ_NAMES_IN_THREAD:
+            await asyncio.to_thread(self._formats.learn_names, plan.route, body)
+        else:
+            self._formats.learn_names(plan.route, body)
 
     @property
     def admission(self) -> RequestAdmission:
@@ -180,11 +204,16 @@ class RequestPath:
         """Push the caller's tenant down and over-fetch; raises MalformedRequest.
 
         URL parameters that make the database page differently from the body
-        (``overfetch_problem``) turn over-fetch off.
+        (``overfetch_problem``) turn over-fetch off, and so does any mode but
+        ``enforce``: ``strict`` refuses a response with any rejected hit, so
+        hits past the app's k could only block an answer whose k hits all
+        pass; ``audit`` passes the database's answer unchanged, which a
+        longer one trimmed back would not be.
         """
         fmt, route, policy = plan.fmt, plan.route, plan.policy
         factor = policy.overfetch_factor
-        if fmt.overfetch_problem(route, plan.query_string) is not None:
+        enforcing = policy.mode is Mode.ENFORCE
+        if not enforcing or fmt.overfetch_problem(route, plan.query_string) is not None:
             factor = 1.0
         return fmt.rewrite_request(
             body,

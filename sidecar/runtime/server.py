@@ -428,6 +428,7 @@ class Sidecar:
             request_policy,
             route_kind=formats.route_kind,
             collections=formats.collections,
+            id_names=formats.id_names,
             answers=(
                 RequestAnswers(settings.cache.request_size) if settings.cache.request_size else None
             ),

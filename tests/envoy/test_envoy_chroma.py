@@ -311,12 +311,15 @@ def test_a_where_filtered_query_never_sees_another_tenants_record(
     body = response.json()
     assert OTHER_WORD.encode() not in response.body
     assert all(not i.startswith("g-") for ids in body["ids"] for i in ids)
-    # Chroma itself answered with acme's four nearest per query: no slot went to
-    # globex, so the counts describe acme's records only.
-    expected = direct.query(query_embeddings=QUERIES, n_results=4, where=ACME, include=[])
+    # Chroma itself answered with acme's eight nearest per query (over-fetch, on by
+    # default, asked for twice the four): no slot went to globex, so the counts
+    # describe acme's records only. Each query got every admitted record (three,
+    # fewer than the four asked for), where its four nearest alone held fewer.
+    expected = direct.query(query_embeddings=QUERIES, n_results=8, where=ACME, include=[])
     candidates = _candidates(stack, response.headers["x-retrieval-gate-decision-id"])
     assert candidates == [i for ids in expected["ids"] for i in ids]
-    assert len(candidates) == 4 * len(QUERIES)
+    assert len(candidates) == 8 * len(QUERIES)
+    assert [sorted(ids) for ids in body["ids"]] == [ADMITTED] * len(QUERIES)
 
 
 def test_a_client_query_with_a_where_filter(gated: Collection) -> None:

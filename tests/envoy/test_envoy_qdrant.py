@@ -106,9 +106,14 @@ def test_only_admitted_chunks_arrive_and_the_body_still_parses(
     stack: GateStack, suffix: str
 ) -> None:
     route = serve(stack, suffix, POINTS)
-    # The tenant is pushed down into every request of a batch: send real ones.
+    # The tenant is pushed down into every request of a batch: send real ones, one
+    # per sub-result of the answer (an over-fetched batch's answer must have as many).
     one = b'{"vector":[0.1,0.2],"limit":10}'
-    body = b'{"searches":[' + one + b"]}" if "batch" in suffix else one
+    if "batch" in suffix:
+        searches = len(qb.BUILDERS[suffix](POINTS)["result"])
+        body = b'{"searches":[' + b",".join([one] * searches) + b"]}"
+    else:
+        body = one
     response = stack.search(route.path, method=route.method, body=body)
     assert response.status == 200, response.body
     RESPONSE_MODELS[suffix].model_validate_json(response.body)

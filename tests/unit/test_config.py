@@ -513,7 +513,7 @@ def test_defaults_are_unchanged() -> None:
     assert (settings.cache.verdict_size, settings.cache.request_size) == (20_000, 10_000)
     assert settings.policy.opa_timeout_ms == 500
     assert settings.policy.bundle_poll_seconds == 10.0
-    assert (settings.filter.overfetch_factor, settings.filter.overfetch_cap) == (1.0, 1000)
+    assert (settings.filter.overfetch_factor, settings.filter.overfetch_cap) == (2.0, 1000)
     assert settings.filter.max_hits == 10_000
     assert settings.identity.jwt_leeway_seconds == 30.0
     assert settings.identity.jwt_credentials == ("bearer", "base64", "api-key")

@@ -37,6 +37,7 @@ from tests.fixtures.ext_proc_stream import (
     audit_records,
     client_headers,
     headers,
+    request_body,
     request_headers,
     response_body,
     response_headers,
@@ -429,10 +430,6 @@ def pushing_sidecar(tmp_path: Path) -> Sidecar:
     built = Sidecar.from_settings(settings)
     built.store.upsert([parse_record(record_dict("1"))])
     return built
-
-
-def request_body(body: bytes, *, end: bool = True) -> ext_proc.ProcessingRequest:
-    return ext_proc.ProcessingRequest(request_body=ext_proc.HttpBody(body=body, end_of_stream=end))
 
 
 def test_search_request_body_gets_the_tenant_filter(pushing_sidecar: Sidecar) -> None:

@@ -350,6 +350,59 @@ def test_parse_refuses_a_route_it_does_not_handle(case: FormatCase) -> None:
         case.format.parse(body, case.unhandled)
 
 
+# -- trimming an over-fetched answer back to what the app asked for -------------------
+
+# Every format that over-fetches, with its shapes whose limit counts hits (a group
+# search's counts groups: tests/unit/test_format_qdrant.py).
+TRIMMING = [
+    (case, [shape for shape in case.shapes if "groups" not in shape.name])
+    for case in CASES
+    if not isinstance(case.format, GenericFormat)
+]
+
+
+@PROPERTIES
+@pytest.mark.parametrize(("case", "shapes"), TRIMMING, ids=[str(c) for c, _ in TRIMMING])
+@given(data=st.data())
+def test_trimming_sends_the_first_kept_hits_up_to_each_limit(
+    case: FormatCase, shapes: list[Shape], data: st.DataObject
+) -> None:
+    """An over-fetched answer goes out with exactly the first ``limit`` kept hits of each
+    sub-result (all of them when fewer are kept), in rank order, and nothing else:
+    what the app would have got had the database been asked for that many."""
+    shape = data.draw(st.sampled_from(shapes))
+    hits = data.draw(batches(shape))
+    parsed = _parse(case, shape, case.build(shape, hits))
+    keep = data.draw(_some(len(parsed.candidates)))
+    sub_results = getattr(parsed, "sub_results", None)
+    if sub_results is None:
+        # A body never over-fetched (a batch of GraphQL operations) refuses limits.
+        with pytest.raises(MalformedBody, match="does not trim"):
+            parsed.render(keep, [1])
+        return
+    assert sub_results in (1, len(hits)), "one limit for the answer, or one per sub-result"
+    limits = data.draw(
+        st.lists(st.none() | st.integers(0, 6), min_size=sub_results, max_size=sub_results)
+    )
+    # One limit holds for every list of the answer (Chroma's query embeddings).
+    per_batch = limits * len(hits) if sub_results == 1 else limits
+
+    out = parsed.render(keep, limits)
+
+    sent = [batch[:limit] for batch, limit in zip(_kept(hits, keep), per_batch, strict=True)]
+    assert orjson.loads(out) == case.build(shape, sent)
+    released = parsed.released_positions(keep, limits)
+    sent_ids = [(h.chunk_id, h.text, None) for batch in sent for h in batch]
+    assert _identities(parsed, released) == sent_ids
+    assert _reparsed(case, shape.route, out, released) == sent_ids
+
+
+def test_every_format_that_over_fetches_runs_the_trimming_contract() -> None:
+    trimmed = {case.format.name for case, shapes in TRIMMING if shapes}
+    # The gRPC formats trim in their own modules (tests/unit/test_format_*_grpc.py).
+    assert trimmed == {name for name in BUILT_IN if not name.endswith("_grpc")}
+
+
 # The generic adapter pushes the tenant down when configured, but never over-fetches.
 @pytest.mark.parametrize("case", [c for c in CASES if isinstance(c.format, GenericFormat)], ids=str)
 def test_formats_that_never_over_fetch_refuse_limits(case: FormatCase) -> None:

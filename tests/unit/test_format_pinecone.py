@@ -434,12 +434,15 @@ def test_released_positions_are_the_kept_ones_in_order() -> None:
 # -- over-fetch: the request's limit trims the hits ------------------------------------
 
 
-def test_limit_trims_the_matches_not_the_legacy_results() -> None:
+def test_limit_trims_the_matches_and_each_legacy_result() -> None:
+    # Multi-queries are never over-fetched: a limit means the answer is a single
+    # query's, and none of its lists may carry more than the app's topK.
     body = _legacy([MATCHES[:2]], MATCHES[2:])
     parsed = _parse(body, QUERY_ROUTE)
     out = validate(parsed.render({0, 1, 2, 3, 4}, [1]), QUERY_ROUTE)
-    assert out == _sent(_legacy([MATCHES[:2]], MATCHES[2:3]))
-    assert parsed.released_positions({0, 1, 3, 4}, [1]) == [0, 1, 3]
+    assert out == _sent(_legacy([MATCHES[:1]], MATCHES[2:3]))
+    assert parsed.released_positions({0, 1, 3, 4}, [1]) == [0, 3]
+    assert parsed.render({0, 1, 2}, [None]) == parsed.render({0, 1, 2})
 
 
 def test_limit_trims_the_record_hits() -> None:
@@ -639,7 +642,7 @@ def test_property_query_render_keeps_exactly_the_kept_matches(
 
     kept_batches, start = [], 0
     for batch in batches or []:
-        kept_batches.append([_released(h, "metadata") for h in _kept(batch, keep, start)])
+        kept_batches.append([_released(h, "metadata") for h in _kept(batch, keep, start)][:limit])
         start += len(batch)
     kept_matches = [_released(h, "metadata") for h in _kept(matches, keep, start)][:limit]
     expected = query_body(kept_matches) if batches is None else _legacy(kept_batches, kept_matches)

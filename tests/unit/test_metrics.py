@@ -111,6 +111,24 @@ def test_the_collection_label_is_an_allowlisted_name_other_or_none(
     assert GateMetrics(collections=["sops", "hr"]).collection_label(names) == label
 
 
+CHROMA_ID = "45af66b2-2ca0-476a-b6a3-926b26ba75d1"
+
+
+@pytest.mark.parametrize(
+    ("allowlist", "aliases", "label"),
+    [
+        (["sops"], {CHROMA_ID: "sops"}, "sops"),  # by the name learned for the id
+        ([CHROMA_ID], {CHROMA_ID: "sops"}, CHROMA_ID),  # an allowlisted id still counts
+        (["sops"], {}, "other"),  # the name is not known (yet)
+        (["hr"], {CHROMA_ID: "sops"}, "other"),
+    ],
+)
+def test_a_collection_named_by_id_counts_under_its_learned_name(
+    allowlist: list[str], aliases: dict[str, str], label: str
+) -> None:
+    assert GateMetrics(collections=allowlist).collection_label([CHROMA_ID], aliases) == label
+
+
 def test_without_an_allowlist_every_collection_is_other() -> None:
     assert GateMetrics().collection_label(["sops"]) == "other"
 

@@ -35,12 +35,15 @@ HOUR = 3_600_000_000_000
 TENANTS = ["acme", "globex", "initech", "", "ACME"]
 PRINCIPALS = ["user:alice", "user:bob", "group:qa", "group:hr", "role:admin", ""]
 STATUSES = ["approved", "draft", "superseded", "revoked", "quarantined", "Approved", "", "x"]
+# A Chroma collection described by its id.
+CHROMA_ID = "0b8e5c1e-93a4-4b7a-9d3e-2f6c1a7b8c9d"
 DATA: dict[str, Any] = {
     "retrieval_gate": {
         "collections": {
             "sops": {"tenants": ["acme", "initech"]},
             "finance": {"tenants": ["globex"]},
             "broken": {"tenants": "acme"},
+            CHROMA_ID: {"tenants": ["globex"]},
         }
     }
 }
@@ -187,7 +190,9 @@ def test_gates_over_both_engines_decide_alike(
     assert [d.reasons for d in over_opa.decisions] == [d.reasons for d in over_regorus.decisions]
 
 
-COLLECTIONS = ["sops", "finance", "broken", "public", "*", "fin*", "logs-*", 7, None]
+COLLECTIONS = ["sops", "finance", "broken", "public", "*", "fin*", "logs-*", CHROMA_ID, 7, None]
+# Ids whose name the gate has not learned: one described, one not, and malformed ones.
+UNNAMED = [CHROMA_ID, "11111111-2222-4333-8444-555555555555", 7, None]
 
 
 @st.composite
@@ -201,6 +206,7 @@ def request_inputs(draw: st.DrawFn) -> dict[str, Any]:
         "method": draw(st.sampled_from(["GET", "POST", "PUT", "DELETE"])),
         "path": "/collections/x/points",
         "collections": draw(maybe(st.lists(st.sampled_from(COLLECTIONS), max_size=3))),
+        "unnamed_collections": draw(maybe(st.lists(st.sampled_from(UNNAMED), max_size=2))),
         "route_kind": draw(maybe(st.sampled_from(["filtered", "read", "content", "write", None]))),
     }
     return {k: v for k, v in document.items() if v is not _MISSING}

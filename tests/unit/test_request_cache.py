@@ -156,7 +156,9 @@ def test_a_policy_that_is_not_time_pure_is_asked_every_time() -> None:
 
 def test_the_cache_is_bounded_least_recently_used_first() -> None:
     answers = RequestAnswers(2)
-    keys: list[AnswerKey] = [("v", Caller(f"t{i}", frozenset()), "POST", "/", ()) for i in range(3)]
+    keys: list[AnswerKey] = [
+        ("v", Caller(f"t{i}", frozenset()), "POST", "/", (), ()) for i in range(3)
+    ]
     answers.put(keys[0], ())
     answers.put(keys[1], ())
     assert answers.get(keys[0]) == ()

@@ -27,7 +27,7 @@ from sidecar.identity import AuthRequest
 from sidecar.identity.headers import TrustedHeaders
 from sidecar.metrics import GateMetrics
 from sidecar.request.admission import RequestAdmission
-from sidecar.request.plans import Filter, PassThrough, Plan, ReadCollections, Refused
+from sidecar.request.plans import Filter, PassThrough, Plan, ReadCollections, ReadNames, Refused
 from sidecar.request.request_path import IDENTITY_NAMESPACE, RequestPath
 
 FORMATS = build_format_table({}, {}, text_field="text", id_field=None)
@@ -106,6 +106,74 @@ def test_a_search_route_is_filtered_with_its_body_read() -> None:
     assert set(planned.strip_headers) == {"x-gate-tenant", "x-gate-principals"}
 
 
+CHROMA_DB = "/api/v2/tenants/default_tenant/databases/default_database"
+CHROMA_ID = "45af66b2-2ca0-476a-b6a3-926b26ba75d1"
+
+
+def test_an_answer_that_names_collections_is_read_and_a_rename_forgets_the_name() -> None:
+    path, _ = request_path()
+    by_name = f"{CHROMA_DB}/collections/docs"
+    assert plan(path, by_name, method="GET") == ReadNames(
+        ("x-gate-principals", "x-gate-tenant"), Route("GET", by_name)
+    )
+    assert isinstance(plan(path, by_name, method="HEAD"), PassThrough)  # no body to read
+    described = {
+        "id": CHROMA_ID,
+        "name": "docs",
+        "tenant": "default_tenant",
+        "database": "default_database",
+    }
+    read = plan(path, by_name, method="GET")
+    assert isinstance(read, ReadNames)
+    asyncio.run(path.learn_names(read, orjson.dumps(described)))
+    query = Route("POST", f"{CHROMA_DB}/collections/{CHROMA_ID}/query")
+    assert FORMATS.id_names(query) == {CHROMA_ID: "docs"}
+    # A PUT of the collection may rename it: the name no longer holds.
+    assert isinstance(plan(path, f"{CHROMA_DB}/collections/{CHROMA_ID}", method="PUT"), PassThrough)
+    assert FORMATS.id_names(query) == {CHROMA_ID: None}
+
+
+def test_a_long_list_of_collections_is_read_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path, _ = request_path()
+    listed = f"{CHROMA_DB}/collections"
+    read = plan(path, listed, method="GET")
+    assert isinstance(read, ReadNames)
+    ids = [f"{n:08x}-0000-4000-8000-000000000000" for n in range(40)]
+    body = orjson.dumps(
+        [
+            {
+                "id": id_,
+                "name": f"c-{n}",
+                "metadata": {"about": "x" * 1000},
+                "tenant": "default_tenant",
+                "database": "default_database",
+            }
+            for n, id_ in enumerate(ids)
+        ]
+    )
+    assert len(body) > 32 * 1024
+    loop_thread: list[threading.Thread] = []
+
+    async def learn() -> None:
+        loop_thread.append(threading.current_thread())
+        await path.learn_names(read, body)
+
+    reading: list[threading.Thread] = []
+    learn_in = FORMATS.learn_names
+
+    def recorded(route: Route, answer: bytes) -> None:
+        reading.append(threading.current_thread())
+        learn_in(route, answer)
+
+    monkeypatch.setattr(FORMATS, "learn_names", recorded)
+    asyncio.run(learn())
+    assert reading and reading[0] is not loop_thread[0]
+    last = Route("POST", f"{CHROMA_DB}/collections/{ids[-1]}/query")
+    assert FORMATS.id_names(last) == {ids[-1]: "c-39"}
+
+
 def test_a_route_no_format_reads_passes_and_is_counted_unread() -> None:
     path, metrics = request_path()
     assert plan(path, "/healthz", method="GET") == PassThrough(
@@ -181,6 +249,29 @@ def test_the_tenant_is_pushed_down_into_the_search_body() -> None:
     assert rewrite.tenant_filter
     sent = orjson.loads(rewrite.body)
     assert {"key": "tenant", "match": {"value": "acme"}} in sent["filter"]["must"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "sent_limit", "limits"),
+    [
+        (Mode.ENFORCE, 6, (3,)),
+        # Strict refuses a response with any rejected hit: hits past k could only block it.
+        (Mode.STRICT, 3, ()),
+        # Audit passes the database's answer as it came.
+        (Mode.AUDIT, 3, ()),
+    ],
+)
+def test_over_fetch_is_for_enforce_mode_only(
+    mode: Mode, sent_limit: int, limits: tuple[int, ...]
+) -> None:
+    route_policy = RoutePolicy(mode, "tenant", 2.0, substitute_superseded=False)
+    path, _ = request_path(route_policy=route_policy)
+    planned = plan(path, SEARCH)
+    assert isinstance(planned, Filter)
+    rewrite = asyncio.run(path.read_body(planned, b'{"vector": [0.1], "limit": 3}'))
+    assert isinstance(rewrite, RequestRewrite)
+    assert orjson.loads(rewrite.body)["limit"] == sent_limit
+    assert (rewrite.limits, rewrite.overfetched) == (limits, bool(limits))
 
 
 @pytest.mark.parametrize(

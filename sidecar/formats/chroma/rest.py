@@ -41,7 +41,13 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from sidecar.core.hits import Replacement, Route, RouteKind
-from sidecar.formats.base import SUBSTITUTED_FOR, MalformedBody, ResponseAdapter
+from sidecar.formats.base import (
+    SUBSTITUTED_FOR,
+    CollectionId,
+    MalformedBody,
+    ResponseAdapter,
+    load_json,
+)
 from sidecar.formats.body import HitBody, Selection
 from sidecar.formats.chroma.rest_request import ChromaEcho, ChromaRequests, collection_endpoint
 from sidecar.formats.hits import (
@@ -390,10 +396,37 @@ class ChromaFormat(ResponseAdapter[_Shape], ChromaRequests):
 
     def route_collections(self, route: Route) -> list[str]:
         """What the request policy checks ownership of (``ResponseFormat.route_collections``):
-        the collection's id on every route that reads records, so policy data
-        names Chroma collections by id; the name on the routes that take one
-        (collection metadata, deletion)."""
+        the collection's id on every route that reads records (``id_collections``:
+        the request path adds the name it learned for it), the name on the
+        routes that take one (collection metadata, deletion)."""
         return [collection.value for collection in self.path_collections(route)]
+
+    def id_collections(self, route: Route) -> tuple[CollectionId, ...]:
+        """The collections the path names by id, in their tenant and database."""
+        return tuple(
+            CollectionId((c.tenant, c.database), c.value)
+            for c in self.path_collections(route)
+            if c.kind == "id" and c.tenant is not None and c.database is not None
+        )
+
+    def names_collections(self, route: Route) -> bool:
+        """True for the answers that describe collections: a collection read by name, by
+        id or by CRN, the list of a database's collections, a created (or got-or-created)
+        and a forked collection."""
+        return _describes_collections(route)
+
+    def collection_names(self, route: Route, body: bytes) -> list[tuple[CollectionId, str]]:
+        """The id and name of each collection the answer describes, in the tenant and
+        database it names, which must be the path's (``names_collections``)."""
+        if not _describes_collections(route):
+            return []
+        return _described(_scope_of(route), body)
+
+    def renamed_collections(self, route: Route) -> tuple[CollectionId, ...]:
+        """A PUT of ``.../collections/{id}`` may rename the collection."""
+        if route.method.upper() != "PUT":
+            return ()
+        return self.id_collections(route)
 
     def _shape(self, route: Route) -> _Shape | None:
         """The keys of the route's responses; None for routes not filtered."""
@@ -504,6 +537,64 @@ def _path_collections(route: Route) -> tuple[PathCollection, ...]:
         case ["tenants", t, "databases", d, "collections", c, *rest] if t and d and c and rest:
             return (PathCollection("id", _id_or(c), t, d),)
     return ()
+
+
+# -- the names collection ids stand for -----------------------------------------------
+
+
+def _describes_collections(route: Route) -> bool:
+    segments = _v2_segments(route.path)
+    method = route.method.upper()
+    match segments:
+        case ["collections", crn] if crn:
+            return method == "GET"
+        case ["tenants", t, "databases", d, "collections"] if t and d:
+            return method in ("GET", "POST")  # the list; a create (or get-or-create)
+        case ["tenants", t, "databases", d, "collections", "by-id", c] if t and d and c:
+            return method == "GET"
+        case ["tenants", t, "databases", d, "collections", c] if t and d and c:
+            return method == "GET"  # by name
+        case ["tenants", t, "databases", d, "collections", c, "fork"] if t and d and c:
+            return method == "POST"
+    return False
+
+
+def _scope_of(route: Route) -> tuple[str, str] | None:
+    """The tenant and database a collection route's path names (a CRN's too)."""
+    match _v2_segments(route.path):
+        case ["collections", crn]:
+            scope, _, _ = crn.rpartition(":")
+            tenant, _, database = scope.partition(":")
+            return (tenant, database) if tenant and database else None
+        case ["tenants", t, "databases", d, *_]:
+            return t, d
+    return None
+
+
+def _described(scope: tuple[str, str] | None, body: bytes) -> list[tuple[CollectionId, str]]:
+    """The collections ``body`` describes (a ``Collection`` object, or a list of them),
+    those in ``scope`` only: an answer about another tenant's or database's
+    collections teaches nothing about the ones this path can reach."""
+    try:
+        document = load_json(body)
+    except (MalformedBody, ValueError):  # orjson's decode error is a ValueError
+        return []
+    described = document if isinstance(document, list) else [document]
+    found = []
+    for collection in described:
+        if not isinstance(collection, dict):
+            continue
+        identifier, name = collection.get("id"), collection.get("name")
+        where = (collection.get("tenant"), collection.get("database"))
+        if not (isinstance(identifier, str) and isinstance(name, str) and name):
+            continue
+        try:
+            identifier = str(uuid.UUID(identifier))
+        except ValueError:
+            continue
+        if scope is not None and where == scope:
+            found.append((CollectionId(scope, identifier), name))
+    return found
 
 
 def _id_or(segment: str) -> str:

@@ -19,8 +19,8 @@ record hits).
 
 The body that goes out is rebuilt from known keys only. A query response
 keeps ``matches`` (at most the over-fetched request's ``topK``), ``results``
-(each entry's ``matches`` and ``namespace``) and ``namespace`` (the one the
-request named); a records search keeps ``result.hits`` (at most ``top_k``).
+(each entry's ``matches``, likewise, and ``namespace``) and ``namespace``
+(the one the request named); a records search keeps ``result.hits`` (at most ``top_k``).
 A hit keeps its own keys listed above, and of its metadata (``fields``) only
 the text and id fields and the declared ``hashed_fields`` and
 ``releasable_fields``. Read units are computed over every record of the
@@ -98,7 +98,9 @@ def _legacy_results(value: Any, hits: Hits) -> Callable[[Selection], list[Any]]:
     """``results``: one ``SingleQueryResults`` per query of a deprecated multi-query.
 
     Every entry stays, even when none of its matches do: entries answer the
-    request's ``queries`` in order. Multi-queries are never over-fetched.
+    request's ``queries`` in order. Multi-queries are never over-fetched, so
+    the one limit trims only an answer in this shape to a single query,
+    which was: each entry to the app's ``topK``.
     """
     if not isinstance(value, list):
         raise MalformedBody("'results' is not a JSON array")
@@ -106,7 +108,7 @@ def _legacy_results(value: Any, hits: Hits) -> Callable[[Selection], list[Any]]:
     for entry in value:
         if not isinstance(entry, dict):
             raise MalformedBody("a query result is not a JSON object")
-        matches = _hit_list(entry["matches"], hits, trimmed=False) if "matches" in entry else None
+        matches = _hit_list(entry["matches"], hits, trimmed=True) if "matches" in entry else None
         entries.append((matches, _namespace(entry.get("namespace")), "namespace" in entry))
 
     def render(selection: Selection) -> list[Any]:
