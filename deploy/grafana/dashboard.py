@@ -129,9 +129,10 @@ def total(counter: str) -> str:
 
 
 def age(timestamp: str) -> str:
-    """Seconds since a Unix-time gauge of the chosen deployments, the oldest of them
-    (a gauge at 0 means "none" and is left out)."""
-    return f"max(time() - ({of_job(timestamp)} > 0))"
+    """Seconds since a Unix-time gauge of the chosen deployments, the oldest of them;
+    0 where the gauge is 0 ("none": nothing unsigned, no key), not 56 years."""
+    series = of_job(timestamp)
+    return f"max((time() - {series}) * ({series} > bool 0))"
 
 
 def hit_ratio(hits: str, misses: str) -> str:
@@ -598,6 +599,15 @@ def cache_and_store() -> list[timeseries.Panel]:
             [(total("retrieval_gate_cache_evictions_total"), "evictions")],
             width=8,
         ),
+        graph(
+            "Store changes watched",
+            "1 while every gate sees store changes as they happen (PostgreSQL LISTEN up, "
+            "SQLite change poll working); at 0 a gate caches nothing and asks the store for "
+            "every chunk (RetrievalGateStoreChangesUnwatched).",
+            "short",
+            [(f"min({of_job('retrieval_gate_store_changes_watched')})", "watched")],
+            width=8,
+        ),
     ]
 
 
@@ -728,7 +738,8 @@ def audit() -> list[timeseries.Panel]:
             "Signed checkpoints",
             "How long the oldest record no checkpoint covers has waited, and the time since "
             "the last checkpoint, against audit.checkpoint_every_seconds: a wait above the "
-            "interval means signing stopped while records are written.",
+            "interval means signing stopped while records are written. All 0 without a "
+            "checkpoint key.",
             "s",
             [
                 (age("retrieval_gate_audit_oldest_unsigned_timestamp_seconds"), "oldest unsigned"),
