@@ -314,6 +314,8 @@ def test_proxy_refuses_mesh_mtls_without_the_tls_settings(tmp_path: Path) -> Non
             "proxy",
             *("--upstream", "http://127.0.0.1:1", "--listen", f"127.0.0.1:{free_port()}"),
             *("--config", str(config), "--identity", "mesh-mtls"),
+            # A store that exists: its absence would be refused first.
+            *("--store", new_sqlite_url(tmp_path / "gate.db")),
         ],
         capture_output=True,
         timeout=60,
