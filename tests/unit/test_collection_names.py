@@ -35,6 +35,7 @@ from tests.fixtures.ext_proc_stream import (
 )
 from tests.fixtures.records import record_dict, text_for
 from tests.fixtures.settings import settings_of, with_values
+from tests.fixtures.stores import new_sqlite_url
 
 DOCS_ID = "45af66b2-2ca0-476a-b6a3-926b26ba75d1"
 OTHER_ID = "0b8e5c1e-93a4-4b7a-9d3e-2f6c1a7b8c9d"
@@ -215,7 +216,7 @@ def gate(tmp_path: Path, collections: dict[str, Any], **values: Any) -> Sidecar:
     data.write_bytes(orjson.dumps({"retrieval_gate": {"collections": collections}}))
     settings = with_values(
         settings_of(identity=IdentityMode.TRUSTED_HEADERS),
-        store=f"sqlite:///{tmp_path / 'gate.db'}",
+        store=new_sqlite_url(tmp_path / "gate.db"),
         policy_data=data,
         **values,
     )
