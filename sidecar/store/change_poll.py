@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from sidecar.store.listener import Invalidatable
+from sidecar.store.listener import Invalidatable, cancel_and_wait
 from sidecar.store.sqlite import SqliteStore
 
 # How often a running gate asks the file whether it changed.
@@ -76,14 +76,7 @@ class SqliteChangePoll:
         task, self._task = self._task, None
         if task is not None:
             task.remove_done_callback(self._ended)
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                # Our own cancellation; re-raise only if stop() itself was cancelled.
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
+            await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:

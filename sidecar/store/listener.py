@@ -60,6 +60,18 @@ class Invalidatable(Protocol):
         """Cache again, from empty."""
 
 
+async def cancel_and_wait(task: asyncio.Task[None]) -> None:
+    """Cancel a watcher's background ``task`` and wait for it to end; a cancellation
+    of the caller itself still propagates."""
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
+
+
 class ChangeListener:
     """Keeps a LISTEN connection open and invalidates ``cache`` per notification.
 
@@ -117,14 +129,7 @@ class ChangeListener:
         """Stop listening and close the connection."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                # Our own cancellation; re-raise only if stop() itself was cancelled.
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
+            await cancel_and_wait(task)
 
     async def _run(self) -> None:
         backoff = self._backoff_initial_s
