@@ -34,6 +34,12 @@ def sealed_path(log: Path, first_seq: int) -> Path:
     return log.with_name(f"{log.name}.{first_seq:0{_SEQ_DIGITS}d}.jsonl")
 
 
+def log_of(path: Path) -> Path:
+    """The log ``path`` belongs to: itself, or the log a sealed segment was rotated from."""
+    sealed = re.fullmatch(rf"(.+)\.\d{{{_SEQ_DIGITS}}}\.jsonl", path.name)
+    return path.with_name(sealed[1]) if sealed else path
+
+
 def sealed_segments(log: Path) -> list[tuple[int, Path]]:
     """(first seq, path) of each sealed segment of ``log``, oldest first.
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +19,7 @@ from sidecar.audit.checkpoints import (
     read_checkpoints,
 )
 from sidecar.audit.coverage import CheckpointCoverage
-from sidecar.audit.segments import in_chain_order, log_files
+from sidecar.audit.segments import in_chain_order, log_files, log_of
 from sidecar.audit.verify import (
     ChainReport,
     verify_postgres_chain,
@@ -105,7 +104,7 @@ def verify(args: argparse.Namespace) -> int:
         if not found:
             return _usage(f"no such audit log: {path}")
         files.extend(found)
-    beside = {checkpoints_path(_log_of(path)) for path in given}
+    beside = {checkpoints_path(log_of(path)) for path in given}
     found = [path for path in beside if path.exists()]
     if keys is not None and len(found) > 1:
         return _usage("with --public-key, give the files of one audit log (one checkpoints file)")
@@ -184,15 +183,6 @@ def _print_reports(reports: list[ChainReport]) -> int:
                 file=sys.stderr,
             )
     return ExitCode.OK if all(report.ok for report in reports) else ExitCode.FAILED
-
-
-_SEALED = re.compile(r"(.+)\.\d{20}\.jsonl")
-
-
-def _log_of(path: Path) -> Path:
-    """The audit log a FILE belongs to: itself, or the log a sealed segment was rotated from."""
-    sealed = _SEALED.fullmatch(path.name)
-    return path.with_name(sealed[1]) if sealed else path
 
 
 def _public_keys(given: Sequence[str]) -> dict[str, Ed25519PublicKey] | None:
