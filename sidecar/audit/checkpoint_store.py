@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 
 from sidecar.audit.checkpoints import Checkpoint, CheckpointError
+from sidecar.audit.postgres_schema import append_only_sql
 
 CHECKPOINT_SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS audit_checkpoints (
@@ -30,19 +31,7 @@ CREATE TABLE IF NOT EXISTS audit_checkpoints (
     line      text        NOT NULL,
     PRIMARY KEY (chain_id, seq)
 );
-CREATE OR REPLACE FUNCTION audit_checkpoints_refuse_change() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    RAISE EXCEPTION 'audit_checkpoints is append-only: % refused', TG_OP;
-END
-$$;
-CREATE OR REPLACE TRIGGER audit_checkpoints_append_only
-    BEFORE UPDATE OR DELETE ON audit_checkpoints
-    FOR EACH ROW EXECUTE FUNCTION audit_checkpoints_refuse_change();
-CREATE OR REPLACE TRIGGER audit_checkpoints_no_truncate
-    BEFORE TRUNCATE ON audit_checkpoints
-    FOR EACH STATEMENT EXECUTE FUNCTION audit_checkpoints_refuse_change();
-"""
+""" + append_only_sql("audit_checkpoints")
 
 # Not the audit_records lock: both may be created by sidecars starting together.
 _SCHEMA_LOCK = 0x7267_6370_6F69_6E74  # "rgcpoint"

@@ -23,6 +23,25 @@ from typing import Any
 
 import psycopg
 
+
+def append_only_sql(table: str) -> str:
+    """Triggers that refuse every UPDATE, DELETE and TRUNCATE of ``table``: the audit
+    tables only grow, whatever the role that writes them may do."""
+    return f"""CREATE OR REPLACE FUNCTION {table}_refuse_change() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION '{table} is append-only: % refused', TG_OP;
+END
+$$;
+CREATE OR REPLACE TRIGGER {table}_append_only
+    BEFORE UPDATE OR DELETE ON {table}
+    FOR EACH ROW EXECUTE FUNCTION {table}_refuse_change();
+CREATE OR REPLACE TRIGGER {table}_no_truncate
+    BEFORE TRUNCATE ON {table}
+    FOR EACH STATEMENT EXECUTE FUNCTION {table}_refuse_change();
+"""
+
+
 AUDIT_SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS audit_records (
     chain_id    text        NOT NULL,
@@ -35,19 +54,7 @@ CREATE TABLE IF NOT EXISTS audit_records (
     PRIMARY KEY (chain_id, seq)
 );
 CREATE INDEX IF NOT EXISTS audit_records_decision_id ON audit_records (decision_id);
-CREATE OR REPLACE FUNCTION audit_records_refuse_change() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    RAISE EXCEPTION 'audit_records is append-only: % refused', TG_OP;
-END
-$$;
-CREATE OR REPLACE TRIGGER audit_records_append_only
-    BEFORE UPDATE OR DELETE ON audit_records
-    FOR EACH ROW EXECUTE FUNCTION audit_records_refuse_change();
-CREATE OR REPLACE TRIGGER audit_records_no_truncate
-    BEFORE TRUNCATE ON audit_records
-    FOR EACH STATEMENT EXECUTE FUNCTION audit_records_refuse_change();
-"""
+""" + append_only_sql("audit_records")
 
 # Serialises schema creation between sidecars starting at the same moment.
 _SCHEMA_LOCK = 0x7267_6175_6469_74  # "rgaudit"
